@@ -1,0 +1,318 @@
+"""Start, watch, stop and re-adopt engine processes on this node.
+
+Every engine runs in its own session (``start_new_session``), so an agent that dies or
+restarts leaves it running; ``run_dir/<replica_id>.json`` records what the next agent needs
+to find it again (pid + the process start time from ``/proc``, a guard against pid reuse).
+Its output goes to ``run_dir/<replica_id>.log``; the last lines become ``last_error``
+when it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import urllib3
+
+from ..engines import EngineDriver
+from ..errors import LlmgwError
+from .procs import free_port, pid_alive, proc_start_time, tail_lines
+
+log = logging.getLogger(__name__)
+
+STARTING, READY, FAILED, STOPPED = "starting", "ready", "failed", "stopped"
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class Replica:
+    """One engine process this agent runs (or tried to)."""
+
+    replica_id: str
+    model: str
+    engine: str
+    host: str
+    port: int | None = None
+    pid: int | None = None
+    proc_start: int | None = None
+    argv: list[str] = field(default_factory=list)
+    health_path: str = "/health"
+    started: float = 0.0
+    since: float = 0.0
+    state: str = STARTING
+    last_error: str | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        return {"id": self.replica_id, "model": self.model, "state": self.state,
+                "port": self.port, "pid": self.pid, "last_error": self.last_error}
+
+
+class Supervisor:
+    """Owns the engine processes of one node. Not thread-safe: one loop drives it."""
+
+    def __init__(self, run_dir: str | Path, drivers: Mapping[str, EngineDriver], *,
+                 host: str = "127.0.0.1", weights_dirs: Sequence[str | Path] = (),
+                 start_timeout_s: float = 120.0, stop_grace_s: float = 10.0,
+                 health_timeout_s: float = 1.0, clock: Callable[[], float] = time.time):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.drivers = dict(drivers)
+        self.host = host
+        self.weights_dirs = list(weights_dirs)
+        self.start_timeout_s = start_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.clock = clock
+        self._http = urllib3.PoolManager(
+            retries=False, timeout=urllib3.Timeout(total=health_timeout_s))
+        self._replicas: dict[str, Replica] = {}
+
+    # -- files -------------------------------------------------------------------------
+    def log_path(self, replica_id: str) -> Path:
+        return self.run_dir / f"{replica_id}.log"
+
+    def record_path(self, replica_id: str) -> Path:
+        return self.run_dir / f"{replica_id}.json"
+
+    def _write_record(self, rep: Replica) -> None:
+        record = {"replica_id": rep.replica_id, "model": rep.model, "engine": rep.engine,
+                  "pid": rep.pid, "port": rep.port, "host": rep.host, "argv": rep.argv,
+                  "health_path": rep.health_path, "started": rep.started,
+                  "proc_start": rep.proc_start}
+        path = self.record_path(rep.replica_id)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def _remove_files(self, replica_id: str, *, keep_log: bool = False) -> None:
+        paths = [self.record_path(replica_id)]
+        if not keep_log:
+            paths.append(self.log_path(replica_id))
+        for path in paths:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+    # -- start -------------------------------------------------------------------------
+    def start(self, assignment: Mapping[str, Any]) -> dict[str, Any]:
+        """Start the engine of ``assignment`` (docs/api.md); a replica that cannot start is
+        recorded as failed with the reason. Returns its state."""
+        rid = str(assignment["replica_id"])
+        if rid in self._replicas:
+            return self._replicas[rid].to_state()
+        engine = str(assignment.get("engine", ""))
+        now = self.clock()
+        rep = Replica(replica_id=rid, model=str(assignment.get("model", "")), engine=engine,
+                      host=self.host, started=now, since=now)
+        self._replicas[rid] = rep
+        try:
+            driver = self.drivers.get(engine)
+            if driver is None:
+                raise LlmgwError(f"engine {engine!r} is not installed on this node (installed: "
+                                 f"{', '.join(sorted(self.drivers)) or 'none'})")
+            rep.port = free_port(self.host)
+            spec = driver.launch(assignment, host=self.host, port=rep.port,
+                                 weights_dirs=self.weights_dirs)
+            rep.argv, rep.health_path = list(spec.argv), spec.health_path
+            env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+            env.update(spec.env)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+            with open(self.log_path(rid), "ab") as logf:
+                logf.write(f"--- llmgw: starting {rid} ({rep.model}) at {time.ctime(now)}: "
+                           f"{' '.join(spec.argv)}\n".encode())
+                logf.flush()
+                rep.popen = subprocess.Popen(
+                    spec.argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                    env=env, cwd=str(self.run_dir), start_new_session=True, close_fds=True)
+            rep.pid = rep.popen.pid
+            rep.proc_start = proc_start_time(rep.pid)
+            self._write_record(rep)
+            log.info("started replica %s (%s, %s) pid %s port %s", rid, rep.model, engine,
+                     rep.pid, rep.port)
+        except (LlmgwError, OSError, KeyError) as exc:
+            message = exc.message if isinstance(exc, LlmgwError) else str(exc)
+            if rep.popen is not None:
+                self._terminate(rep)
+            rep.state, rep.last_error = FAILED, message
+            log.warning("replica %s (%s) cannot start: %s", rid, rep.model, message)
+        return rep.to_state()
+
+    # -- watch -------------------------------------------------------------------------
+    def _alive(self, rep: Replica) -> bool:
+        if rep.popen is not None:
+            return rep.popen.poll() is None
+        return rep.pid is not None and pid_alive(rep.pid, rep.proc_start)
+
+    def _healthy(self, rep: Replica) -> bool:
+        url = f"http://{rep.host}:{rep.port}{rep.health_path}"
+        try:
+            return int(self._http.request("GET", url).status) == 200
+        except urllib3.exceptions.HTTPError:
+            return False
+
+    def _fail(self, rep: Replica, why: str) -> None:
+        self._terminate(rep)
+        tail = tail_lines(self.log_path(rep.replica_id))
+        rep.state = FAILED
+        rep.last_error = f"{why}; last log lines:\n{tail}" if tail else why
+        self._remove_files(rep.replica_id, keep_log=True)
+        log.warning("replica %s (%s) failed: %s", rep.replica_id, rep.model, why)
+
+    def refresh(self) -> None:
+        """Move each replica along: starting -> ready on health 200; failed when the
+        process exits or is not healthy within the start timeout."""
+        for rep in list(self._replicas.values()):
+            if rep.state not in (STARTING, READY):
+                continue
+            if not self._alive(rep):
+                code = rep.popen.returncode if rep.popen is not None else None
+                why = "engine exited" + (f" with code {code}" if code is not None else "")
+                self._fail(rep, why)
+            elif rep.state == STARTING:
+                if self._healthy(rep):
+                    rep.state = READY
+                    log.info("replica %s (%s) is ready on port %s", rep.replica_id,
+                             rep.model, rep.port)
+                elif self.clock() - rep.since > self.start_timeout_s:
+                    self._fail(rep, f"engine not healthy after {self.start_timeout_s:g} s")
+
+    def states(self) -> list[dict[str, Any]]:
+        """The replica states to report (docs/api.md), refreshed now."""
+        self.refresh()
+        return [rep.to_state() for rep in self._replicas.values()]
+
+    def get(self, replica_id: str) -> dict[str, Any] | None:
+        rep = self._replicas.get(replica_id)
+        return rep.to_state() if rep is not None else None
+
+    def wait_for(self, replica_id: str, states: Iterable[str], timeout_s: float,
+                 poll_s: float = 0.05) -> dict[str, Any]:
+        """Refresh until the replica reaches one of ``states`` or ``timeout_s`` passes;
+        returns its last state."""
+        wanted = set(states)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.refresh()
+            state = self.get(replica_id)
+            if state is None or state["state"] in wanted or time.monotonic() > deadline:
+                return state or {"id": replica_id, "state": STOPPED}
+            time.sleep(poll_s)
+
+    # -- stop --------------------------------------------------------------------------
+    def _signal_group(self, rep: Replica, sig: int) -> None:
+        if rep.pid is None:
+            return
+        try:
+            os.killpg(rep.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            log.warning("no permission to signal engine %s (pid %s)", rep.replica_id, rep.pid)
+
+    def _wait_gone(self, rep: Replica, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self._alive(rep):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _terminate(self, rep: Replica) -> None:
+        """SIGTERM to the engine's process group, SIGKILL after the grace period."""
+        if rep.pid is None or not self._alive(rep):
+            return
+        self._signal_group(rep, signal.SIGTERM)
+        if not self._wait_gone(rep, self.stop_grace_s):
+            log.warning("replica %s did not stop within %g s; killing it", rep.replica_id,
+                        self.stop_grace_s)
+            self._signal_group(rep, signal.SIGKILL)
+            self._wait_gone(rep, 5.0)
+
+    def stop(self, replica_id: str) -> bool:
+        """Stop a replica and remove its files. False when it is unknown."""
+        rep = self._replicas.pop(replica_id, None)
+        if rep is None:
+            return False
+        self._terminate(rep)
+        self._remove_files(replica_id)
+        log.info("stopped replica %s (%s)", replica_id, rep.model)
+        return True
+
+    def stop_all(self) -> None:
+        for rid in list(self._replicas):
+            self.stop(rid)
+
+    # -- reconcile ---------------------------------------------------------------------
+    def apply(self, assignments: Iterable[Mapping[str, Any]]) -> None:
+        """Start every assignment not running here; stop every replica not assigned."""
+        wanted: dict[str, Mapping[str, Any]] = {}
+        for a in assignments:
+            rid = a.get("replica_id") if isinstance(a, Mapping) else None
+            if not isinstance(rid, str) or not rid:
+                log.warning("ignoring an assignment without replica_id: %r", a)
+                continue
+            wanted[rid] = a
+        for rid in list(self._replicas):
+            if rid not in wanted:
+                self.stop(rid)
+        for rid, assignment in wanted.items():
+            if rid not in self._replicas:
+                self.start(assignment)
+
+    # -- adopt -------------------------------------------------------------------------
+    def adopt(self) -> list[str]:
+        """Find engines a previous agent started: a record whose pid is alive with the same
+        start time is adopted (health decides starting/ready); other records are removed."""
+        adopted: list[str] = []
+        now = self.clock()
+        for path in sorted(self.run_dir.glob("*.json")):
+            rid = path.stem
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                pid, port = int(data["pid"]), int(data["port"])
+                start = data.get("proc_start")
+                rep = Replica(replica_id=str(data["replica_id"]), model=str(data["model"]),
+                              engine=str(data.get("engine", "")),
+                              host=str(data.get("host", self.host)), port=port, pid=pid,
+                              proc_start=int(start) if start is not None else None,
+                              argv=list(data.get("argv", [])),
+                              health_path=str(data.get("health_path", "/health")),
+                              started=float(data.get("started", now)), since=now)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("removing unreadable engine record %s: %s", path, exc)
+                self._remove_files(rid)
+                continue
+            if rep.replica_id in self._replicas:
+                continue
+            if rep.proc_start is not None and pid_alive(pid, rep.proc_start):
+                self._replicas[rep.replica_id] = rep
+                adopted.append(rep.replica_id)
+                log.info("adopted replica %s (%s) pid %s port %s", rep.replica_id, rep.model,
+                         pid, port)
+            else:
+                log.info("removing stale record of replica %s (pid %s is gone)", rid, pid)
+                self._remove_files(rid)
+        for logfile in self.run_dir.glob("*.log"):
+            if logfile.stem not in self._replicas:
+                logfile.unlink(missing_ok=True)
+        self.refresh()
+        return adopted
+
+
+def stop_recorded_engines(state_dir: str | Path) -> list[str]:
+    """Stop every engine recorded under ``state_dir/run`` that is still alive (used by
+    ``llmgw up`` after its agent exits, in case the agent could not stop them itself)."""
+    sup = Supervisor(Path(state_dir) / "run", {})
+    adopted = sup.adopt()
+    sup.stop_all()
+    return adopted

@@ -1,0 +1,1 @@
+"""The ``llmgw`` command line (click). One module per command group."""

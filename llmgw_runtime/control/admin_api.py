@@ -1,0 +1,137 @@
+"""Admin API: the catalog, listings, API keys and retry. Admin token on every route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, jsonify, request
+
+from .. import catalog
+from ..errors import ConflictError, NotFoundError, ValidationError
+from ..security import hash_token, new_token
+from ..store import repo
+from .states import model_state
+from .web import clock, json_body, require, store
+
+bp = Blueprint("admin", __name__, url_prefix="/api/v1")
+
+
+@bp.put("/catalog")
+@require("admin")
+def apply_catalog() -> Any:
+    text = request.get_data(as_text=True)
+    specs = catalog.parse(text)
+    prune = request.args.get("prune", "false").lower() in ("1", "true", "yes")
+    with store().begin() as conn:
+        now = clock()
+        result = repo.apply_catalog(conn, specs, now, prune=prune)
+        for verb in ("created", "updated", "deleted"):
+            for name in result[verb]:
+                repo.add_event(conn, now, "catalog", name, f"model {verb}")
+    return jsonify(result)
+
+
+def _models_out(conn: Any, now: float) -> list[dict[str, Any]]:
+    reps_by_model: dict[str, list[Any]] = {}
+    for rep in repo.list_replicas(conn):
+        reps_by_model.setdefault(rep.model, []).append(rep)
+    out = []
+    for row in repo.list_models(conn):
+        item = repo.model_to_dict(row)
+        state = model_state(row, reps_by_model.get(row.name, []), now)
+        item.update(state=state.state, reason=state.reason, ready=state.ready,
+                    wanted=state.wanted)
+        out.append(item)
+    return out
+
+
+@bp.get("/models")
+@require("admin")
+def models() -> Any:
+    with store().begin() as conn:
+        return jsonify({"models": _models_out(conn, clock())})
+
+
+@bp.get("/models/<path:name>")
+@require("admin")
+def model(name: str) -> Any:
+    with store().begin() as conn:
+        for item in _models_out(conn, clock()):
+            if item["name"] == name:
+                return jsonify(item)
+    raise NotFoundError(f"model {name!r} is not in the catalog; see `llmgw ctl models`")
+
+
+@bp.delete("/models/<path:name>")
+@require("admin")
+def delete_model(name: str) -> Any:
+    with store().begin() as conn:
+        if not repo.delete_model(conn, name):
+            raise NotFoundError(f"model {name!r} is not in the catalog")
+        repo.add_event(conn, clock(), "catalog", name, "model deleted")
+    return jsonify({"deleted": name})
+
+
+@bp.post("/models/<path:name>/retry")
+@require("admin")
+def retry(name: str) -> Any:
+    with store().begin() as conn:
+        row = repo.get_model(conn, name)
+        if row is None:
+            raise NotFoundError(f"model {name!r} is not in the catalog")
+        repo.update_model(conn, name, parked=0, consecutive_failures=0, last_failure_at=None,
+                          placement_reason=None)
+        repo.add_event(conn, clock(), "retry", name, "unparked by an operator")
+    return jsonify({"model": name, "parked": False})
+
+
+@bp.get("/nodes")
+@require("admin")
+def nodes() -> Any:
+    with store().begin() as conn:
+        return jsonify({"nodes": [repo.node_to_dict(n) for n in repo.list_nodes(conn)]})
+
+
+@bp.get("/replicas")
+@require("admin")
+def replicas() -> Any:
+    with store().begin() as conn:
+        return jsonify({"replicas": [repo.replica_to_dict(r)
+                                     for r in repo.list_replicas(conn)]})
+
+
+@bp.get("/events")
+@require("admin")
+def events() -> Any:
+    try:
+        limit = int(request.args.get("limit", "100"))
+    except ValueError:
+        raise ValidationError("limit must be a whole number") from None
+    with store().begin() as conn:
+        return jsonify({"events": repo.list_events(conn, max(1, min(limit, 1000)))})
+
+
+@bp.post("/keys")
+@require("admin")
+def create_key() -> Any:
+    body = json_body(required=("name",))
+    name = body["name"]
+    if not isinstance(name, str) or not name.strip() or len(name) > 100:
+        raise ValidationError("name must be a non-empty string of at most 100 characters")
+    account = f"key:{name}"
+    key = new_token("api_key")
+    with store().begin() as conn:
+        if repo.account_exists(conn, account):
+            raise ConflictError(f"an API key named {name!r} exists; pick another name")
+        repo.put_account(conn, account, "api_key", hash_token(key), clock())
+        repo.add_event(conn, clock(), "key", name, "API key created")
+    return jsonify({"name": name, "key": key}), 201
+
+
+@bp.get("/keys")
+@require("admin")
+def list_keys() -> Any:
+    with store().begin() as conn:
+        rows = repo.accounts_of_kind(conn, "api_key")
+    return jsonify({"keys": [{"name": r.name.removeprefix("key:"), "created": r.created}
+                             for r in rows]})

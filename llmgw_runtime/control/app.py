@@ -1,0 +1,59 @@
+"""The control service's Flask application factory (gunicorn calls ``create_app``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Blueprint, Flask, current_app, jsonify
+
+from .. import __version__, settings
+from ..errors import StoreError
+from ..store import Store, repo
+from . import admin_api, agent_api, routes_api
+from .config import ControlConfig
+from .openapi import document
+from .reconcile import LEASE, Reconciler
+from .web import install_error_handlers, store
+
+log = logging.getLogger(__name__)
+
+health = Blueprint("health", __name__)
+
+
+@health.get("/healthz")
+def healthz() -> Any:
+    try:
+        with store().begin() as conn:
+            holder = repo.lease_holder(conn, LEASE, store().now(conn))
+    except StoreError as exc:
+        return jsonify({"status": "store_unavailable", "message": exc.message,
+                        "leader": None, "version": __version__}), 503
+    return jsonify({"status": "ok", "leader": holder, "version": __version__})
+
+
+@health.get("/openapi.json")
+def openapi() -> Any:
+    return jsonify(document())
+
+
+def create_app(config: ControlConfig | None = None, *, store_: Store | None = None,
+               start_reconciler: bool = False) -> Flask:
+    config = config or settings.load(ControlConfig)
+    app = Flask("llmgw.control")
+    app.config["LLMGW"] = config
+    app.config["MAX_CONTENT_LENGTH"] = 8 * 1024 * 1024
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["llmgw.store"] = store_ or Store(config.store_url)
+    install_error_handlers(app)
+    for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp):
+        app.register_blueprint(bp)
+    if start_reconciler and config.reconcile:
+        reconciler = Reconciler(app.extensions["llmgw.store"], config)
+        app.extensions["llmgw.reconciler"] = reconciler
+        reconciler.start()
+    return app
+
+
+def reconciler_of(app: Flask | None = None) -> Reconciler | None:
+    return (app or current_app).extensions.get("llmgw.reconciler")

@@ -1,0 +1,77 @@
+"""Pure decisions of the reconcile loop: what each model wants, what state it is in, and
+when a failed start may be retried. No I/O, no clock: ``now`` is passed in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PARK_AFTER = 5                 # start failures in a row
+BACKOFF_BASE_S = 5.0
+BACKOFF_CAP_S = 300.0
+
+
+@dataclass(frozen=True)
+class ModelState:
+    name: str
+    state: str                 # ready, starting, activating, idle, parked, unplaceable, stopped
+    reason: str | None
+    ready: int
+    wanted: int
+
+
+def backoff_s(consecutive_failures: int) -> float:
+    """How long to wait before the next start after ``consecutive_failures`` in a row."""
+    if consecutive_failures <= 0:
+        return 0.0
+    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (consecutive_failures - 1))
+
+
+def in_backoff(consecutive_failures: int, last_failure_at: float | None, now: float) -> bool:
+    if last_failure_at is None:
+        return False
+    return now < last_failure_at + backoff_s(consecutive_failures)
+
+
+def wanted_replicas(model: Any, replicas: list[Any], now: float) -> int:
+    """Replicas ``model`` (a models row) should have now. An on-demand model has none
+    until activated, and goes back to none when every replica was idle long enough."""
+    if model.parked:
+        return 0
+    if not model.on_demand:
+        return int(model.replicas)
+    if model.activated_at is None:
+        return 0
+    return max(int(model.replicas), 1)
+
+
+def idle_expired(model: Any, replicas: list[Any], now: float) -> bool:
+    """An activated on-demand model whose replicas nobody used for idle_stop_after."""
+    if not model.on_demand or model.activated_at is None or not model.idle_stop_after_s:
+        return False
+    last = max([model.activated_at] + [r.last_used or 0 for r in replicas]
+               + [r.started for r in replicas if r.state != "ready"])
+    return now - last >= model.idle_stop_after_s
+
+
+def model_state(model: Any, replicas: list[Any], now: float) -> ModelState:
+    """The one answer to "what is this model doing", used by routes, ctl and the console."""
+    live = [r for r in replicas if r.desired]
+    ready = sum(1 for r in live if r.state == "ready")
+    wanted = wanted_replicas(model, live, now)
+    if model.parked:
+        return ModelState(model.name, "parked", model.last_error or "too many failed starts",
+                          ready, 0)
+    if ready:
+        return ModelState(model.name, "ready", None, ready, wanted)
+    if model.placement_reason:
+        return ModelState(model.name, "unplaceable", model.placement_reason, 0, wanted)
+    if any(r.state in ("pending", "starting") for r in live):
+        return ModelState(model.name, "starting", None, 0, wanted)
+    if model.on_demand:
+        if model.activated_at is None:
+            return ModelState(model.name, "idle", None, 0, 0)
+        return ModelState(model.name, "activating", model.last_error, 0, wanted)
+    if wanted == 0:
+        return ModelState(model.name, "stopped", "replicas is 0 in the catalog", 0, 0)
+    return ModelState(model.name, "starting", model.last_error, 0, wanted)

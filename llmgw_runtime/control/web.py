@@ -1,0 +1,101 @@
+"""What every blueprint of the control service shares: the store, authentication, JSON
+bodies and the error shape ``{"error": {"code", "reason", "message", "details"}}``."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+from flask import Flask, current_app, g, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from ..errors import AuthError, ForbiddenError, LlmgwError, ValidationError
+from ..security import bearer, hash_token
+from ..store import Store, repo
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def store() -> Store:
+    return current_app.extensions["llmgw.store"]  # type: ignore[no-any-return]
+
+
+def clock() -> float:
+    return time.time()
+
+
+def error_response(status: int, reason: str, message: str,
+                   details: list[str] | None = None) -> Any:
+    body = {"error": {"code": status, "reason": reason, "message": message,
+                      "details": details or []}}
+    return jsonify(body), status
+
+
+def install_error_handlers(app: Flask) -> None:
+    @app.errorhandler(LlmgwError)
+    def _llmgw(exc: LlmgwError) -> Any:
+        if exc.status >= 500:
+            app.logger.warning("%s: %s", exc.reason, exc.message)
+        return error_response(exc.status, exc.reason, exc.message, exc.details)
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException) -> Any:
+        reason = (exc.name or "error").lower().replace(" ", "_")
+        return error_response(exc.code or 500, reason, exc.description or exc.name)
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception) -> Any:
+        app.logger.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(500, "internal_error",
+                              "the control service failed unexpectedly; see its log")
+
+
+def json_body(required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The request's JSON object, or a 400 that says what is wrong with it."""
+    raw = request.get_data(cache=True)
+    try:
+        body = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise LlmgwErrorJSON(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValidationError("the request body must be a JSON object")
+    missing = [k for k in required if k not in body]
+    if missing:
+        raise ValidationError(f"the request body lacks {', '.join(missing)}")
+    return body
+
+
+class LlmgwErrorJSON(ValidationError):
+    reason = "invalid_json"
+
+
+def require(*kinds: str) -> Callable[[F], F]:
+    """Only a bearer token of one of ``kinds`` (admin, router, join, node) may call this."""
+
+    def wrap(view: F) -> F:
+        @wraps(view)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            token = bearer(request.headers.get("Authorization"))
+            if token is None:
+                raise AuthError("this API needs 'Authorization: Bearer <token>'; "
+                                f"use a {' or '.join(kinds)} token")
+            token_hash = hash_token(token)
+            with store().begin() as conn:
+                account = repo.account_by_hash(conn, token_hash)
+                node = None if account else repo.node_by_credential(conn, token_hash)
+            kind = account.kind if account else ("node" if node else None)
+            if kind is None:
+                raise AuthError("the token matches no account; check it, or get a new one")
+            if kind not in kinds:
+                raise ForbiddenError(f"a {kind} token cannot call this API; "
+                                     f"use a {' or '.join(kinds)} token")
+            g.principal_kind = kind
+            g.principal = account.name if account else node.name  # type: ignore[union-attr]
+            return view(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+    return wrap

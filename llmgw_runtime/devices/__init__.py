@@ -1,0 +1,14 @@
+"""Devices: whole GPUs, MIG instances or the CPU, found by a :class:`DeviceSource`."""
+
+from .model import Device, Discovery, placement_id
+from .sources import (
+    SOURCES,
+    CpuSource,
+    DeviceSource,
+    FakeSource,
+    NullSource,
+    source_from_spec,
+)
+
+__all__ = ["SOURCES", "CpuSource", "Device", "DeviceSource", "Discovery", "FakeSource",
+           "NullSource", "placement_id", "source_from_spec"]

@@ -1,0 +1,245 @@
+"""Reading and writing the store. Every function takes an open connection (a transaction)
+and does plain SQL through SQLAlchemy Core: the decisions live elsewhere."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from ..catalog import ModelSpec
+from .schema import accounts, events, leases, models, nodes, replicas
+
+# ---------------------------------------------------------------- models
+
+
+def model_to_dict(row: Any) -> dict[str, Any]:
+    return {
+        "name": row.name, "source": row.source, "engine": row.engine,
+        "profile": json.loads(row.profile), "replicas": row.replicas,
+        "on_demand": bool(row.on_demand), "idle_stop_after_s": row.idle_stop_after_s,
+        "args": json.loads(row.args), "definition_hash": row.definition_hash,
+        "parked": bool(row.parked), "consecutive_failures": row.consecutive_failures,
+        "last_error": row.last_error, "last_failure_at": row.last_failure_at,
+        "activated_at": row.activated_at, "placement_reason": row.placement_reason,
+        "created": row.created, "updated": row.updated,
+    }
+
+
+def _model_values(spec: ModelSpec) -> dict[str, Any]:
+    return {"source": spec.source, "engine": spec.engine,
+            "profile": json.dumps(spec.profile.to_dict(), sort_keys=True),
+            "replicas": spec.replicas, "on_demand": int(spec.on_demand),
+            "idle_stop_after_s": spec.idle_stop_after_s, "args": json.dumps(list(spec.args)),
+            "definition_hash": spec.definition_hash}
+
+
+def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
+                  prune: bool = False) -> dict[str, list[str]]:
+    """Create or update each model; a new definition unparks it. Returns what changed."""
+    existing = {r.name: r for r in conn.execute(sa.select(models))}
+    result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "deleted": []}
+    for spec in specs:
+        values = _model_values(spec)
+        row = existing.get(spec.name)
+        if row is None:
+            conn.execute(models.insert().values(
+                name=spec.name, parked=0, consecutive_failures=0, created=now, updated=now,
+                **values))
+            result["created"].append(spec.name)
+            continue
+        if all(getattr(row, k) == v for k, v in values.items()):
+            result["unchanged"].append(spec.name)
+            continue
+        if row.definition_hash != spec.definition_hash:
+            # A new definition: forget the old failures and unpark.
+            values.update(parked=0, consecutive_failures=0, last_error=None,
+                          last_failure_at=None, placement_reason=None)
+        conn.execute(models.update().where(models.c.name == spec.name)
+                     .values(updated=now, **values))
+        result["updated"].append(spec.name)
+    if prune:
+        keep = {s.name for s in specs}
+        for name in sorted(set(existing) - keep):
+            delete_model(conn, name)
+            result["deleted"].append(name)
+    return result
+
+
+def list_models(conn: Connection) -> list[Any]:
+    return list(conn.execute(sa.select(models).order_by(models.c.name)))
+
+
+def get_model(conn: Connection, name: str) -> Any | None:
+    return conn.execute(sa.select(models).where(models.c.name == name)).first()
+
+
+def delete_model(conn: Connection, name: str) -> bool:
+    # Its replicas are told to stop by disappearing from the assignments.
+    conn.execute(replicas.delete().where(replicas.c.model == name))
+    return conn.execute(models.delete().where(models.c.name == name)).rowcount > 0
+
+
+def update_model(conn: Connection, name: str, **values: Any) -> None:
+    conn.execute(models.update().where(models.c.name == name).values(**values))
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def node_to_dict(row: Any) -> dict[str, Any]:
+    return {"name": row.name, "fabric": row.fabric, "address": row.address,
+            "last_report": row.last_report, "agent_version": row.agent_version,
+            "devices": json.loads(row.devices), "engines": json.loads(row.engines),
+            "weights": json.loads(row.weights)}
+
+
+def list_nodes(conn: Connection) -> list[Any]:
+    return list(conn.execute(sa.select(nodes).order_by(nodes.c.name)))
+
+
+def get_node(conn: Connection, name: str) -> Any | None:
+    return conn.execute(sa.select(nodes).where(nodes.c.name == name)).first()
+
+
+def set_node_credential(conn: Connection, name: str, credential_hash: str, now: float) -> None:
+    if get_node(conn, name) is None:
+        conn.execute(nodes.insert().values(name=name, credential_hash=credential_hash,
+                                           devices="[]", engines="[]", weights="{}",
+                                           created=now))
+    else:
+        conn.execute(nodes.update().where(nodes.c.name == name)
+                     .values(credential_hash=credential_hash))
+
+
+def node_by_credential(conn: Connection, credential_hash: str) -> Any | None:
+    return conn.execute(sa.select(nodes).where(nodes.c.credential_hash == credential_hash)
+                        ).first()
+
+
+def record_report(conn: Connection, name: str, report: dict[str, Any], now: float) -> None:
+    conn.execute(nodes.update().where(nodes.c.name == name).values(
+        address=report.get("address"), fabric=report.get("fabric"),
+        agent_version=report.get("agent_version"), last_report=now,
+        devices=json.dumps(report.get("devices", [])),
+        engines=json.dumps(report.get("engines", [])),
+        weights=json.dumps(report.get("weights", {}))))
+
+
+# ---------------------------------------------------------------- replicas
+
+
+def replica_to_dict(row: Any) -> dict[str, Any]:
+    return {"id": row.id, "model": row.model, "node": row.node,
+            "devices": json.loads(row.devices), "port": row.port, "pid": row.pid,
+            "state": row.state, "desired": bool(row.desired), "started": row.started,
+            "updated": row.updated, "last_used": row.last_used, "last_error": row.last_error}
+
+
+def list_replicas(conn: Connection, node: str | None = None) -> list[Any]:
+    query = sa.select(replicas).order_by(replicas.c.model, replicas.c.started)
+    if node is not None:
+        query = query.where(replicas.c.node == node)
+    return list(conn.execute(query))
+
+
+def add_replica(conn: Connection, replica_id: str, model: str, node: str,
+                devices: tuple[int, ...], now: float) -> None:
+    conn.execute(replicas.insert().values(
+        id=replica_id, model=model, node=node, devices=json.dumps(list(devices)),
+        state="pending", desired=1, started=now, updated=now))
+
+
+def update_replica(conn: Connection, replica_id: str, **values: Any) -> None:
+    conn.execute(replicas.update().where(replicas.c.id == replica_id).values(**values))
+
+
+def delete_replica(conn: Connection, replica_id: str) -> None:
+    conn.execute(replicas.delete().where(replicas.c.id == replica_id))
+
+
+# ---------------------------------------------------------------- events
+
+
+def add_event(conn: Connection, now: float, kind: str, subject: str, message: str) -> None:
+    conn.execute(events.insert().values(time=now, kind=kind, subject=subject,
+                                        message=message))
+
+
+def list_events(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
+    rows = conn.execute(sa.select(events).order_by(events.c.id.desc()).limit(limit))
+    return [{"id": r.id, "time": r.time, "kind": r.kind, "subject": r.subject,
+             "message": r.message} for r in rows]
+
+
+# ---------------------------------------------------------------- accounts
+
+
+def account_by_hash(conn: Connection, token_hash: str) -> Any | None:
+    return conn.execute(sa.select(accounts).where(accounts.c.token_hash == token_hash)).first()
+
+
+def accounts_of_kind(conn: Connection, kind: str) -> list[Any]:
+    return list(conn.execute(sa.select(accounts).where(accounts.c.kind == kind)
+                             .order_by(accounts.c.name)))
+
+
+def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: float) -> None:
+    """Create the account ``name`` or give it a new token."""
+    row = conn.execute(sa.select(accounts).where(accounts.c.name == name)).first()
+    if row is None:
+        conn.execute(accounts.insert().values(name=name, kind=kind, token_hash=token_hash,
+                                              is_admin=int(kind == "admin"), created=now))
+    elif row.token_hash != token_hash or row.kind != kind:
+        conn.execute(accounts.update().where(accounts.c.name == name)
+                     .values(token_hash=token_hash, kind=kind, is_admin=int(kind == "admin")))
+
+
+def account_exists(conn: Connection, name: str) -> bool:
+    return conn.execute(sa.select(accounts.c.id).where(accounts.c.name == name)).first() \
+        is not None
+
+
+# ---------------------------------------------------------------- leases
+
+
+def try_lease(conn: Connection, name: str, holder: str, now: float, ttl: float) -> bool:
+    """Take or renew the lease ``name`` for ``holder`` if it is free, expired or ours.
+    ``now`` is the database clock. Call inside a transaction."""
+    taken = conn.execute(
+        leases.update()
+        .where(leases.c.name == name)
+        .where(sa.or_(leases.c.holder == holder, leases.c.expires < now))
+        .values(holder=holder, expires=now + ttl)).rowcount
+    if taken:
+        return True
+    try:
+        with conn.begin_nested():
+            conn.execute(leases.insert().values(name=name, holder=holder, expires=now + ttl))
+        return True
+    except IntegrityError:
+        return False
+
+
+def holds_lease(conn: Connection, name: str, holder: str, now: float,
+                lock: bool = False) -> bool:
+    """Whether ``holder`` holds the unexpired lease. ``lock`` keeps the row locked to the
+    end of the transaction (PostgreSQL), so nobody takes it over while we write."""
+    query = sa.select(leases.c.holder, leases.c.expires).where(leases.c.name == name)
+    if lock:
+        query = query.with_for_update()
+    row = conn.execute(query).first()
+    return row is not None and row.holder == holder and row.expires >= now
+
+
+def release_lease(conn: Connection, name: str, holder: str) -> None:
+    conn.execute(leases.delete().where(leases.c.name == name)
+                 .where(leases.c.holder == holder))
+
+
+def lease_holder(conn: Connection, name: str, now: float) -> str | None:
+    row = conn.execute(sa.select(leases).where(leases.c.name == name)).first()
+    return row.holder if row is not None and row.expires >= now else None

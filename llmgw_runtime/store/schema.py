@@ -1,0 +1,88 @@
+"""Tables of the store (DESIGN.md "Data"). Times are Unix seconds (float); JSON is text;
+booleans are integer columns written as 0/1 on both backends."""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text
+
+metadata = MetaData()
+
+models = Table(
+    "models", metadata,
+    Column("name", String(200), primary_key=True),
+    Column("source", Text, nullable=False),
+    Column("engine", String(40), nullable=False),
+    Column("profile", Text, nullable=False),          # JSON
+    Column("replicas", Integer, nullable=False, default=1),
+    Column("on_demand", Integer, nullable=False, default=0),
+    Column("idle_stop_after_s", Float, nullable=True),
+    Column("args", Text, nullable=False, default="[]"),  # JSON
+    Column("definition_hash", String(64), nullable=False),
+    Column("parked", Integer, nullable=False, default=0),
+    Column("consecutive_failures", Integer, nullable=False, default=0),
+    Column("last_error", Text, nullable=True),
+    Column("last_failure_at", Float, nullable=True),
+    Column("activated_at", Float, nullable=True),
+    Column("placement_reason", Text, nullable=True),   # why it cannot be placed, or NULL
+    Column("created", Float, nullable=False),
+    Column("updated", Float, nullable=False),
+)
+
+nodes = Table(
+    "nodes", metadata,
+    Column("name", String(200), primary_key=True),
+    Column("fabric", String(200), nullable=True),
+    Column("address", String(255), nullable=True),
+    Column("last_report", Float, nullable=True),
+    Column("agent_version", String(40), nullable=True),
+    Column("devices", Text, nullable=False, default="[]"),   # JSON
+    Column("engines", Text, nullable=False, default="[]"),   # JSON
+    Column("weights", Text, nullable=False, default="{}"),   # JSON
+    Column("credential_hash", String(64), nullable=True),
+    Column("created", Float, nullable=False),
+)
+
+replicas = Table(
+    "replicas", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("model", String(200), ForeignKey("models.name", ondelete="CASCADE"), nullable=False),
+    Column("node", String(200), nullable=False),
+    Column("devices", Text, nullable=False, default="[]"),   # JSON list of placement ids
+    Column("port", Integer, nullable=True),
+    Column("pid", Integer, nullable=True),
+    Column("state", String(20), nullable=False),             # pending/starting/ready/failed/stopping
+    Column("desired", Integer, nullable=False, default=1),   # 0: the control service wants it gone
+    Column("started", Float, nullable=False),
+    Column("updated", Float, nullable=False),
+    Column("last_used", Float, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Index("ix_replicas_model", "model"),
+    Index("ix_replicas_node", "node"),
+)
+
+events = Table(
+    "events", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("time", Float, nullable=False),
+    Column("kind", String(40), nullable=False),
+    Column("subject", String(255), nullable=False),
+    Column("message", Text, nullable=False),
+    Index("ix_events_time", "time"),
+)
+
+accounts = Table(
+    "accounts", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("kind", String(20), nullable=False),              # admin/api_key/join/router
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("is_admin", Integer, nullable=False, default=0),
+    Column("created", Float, nullable=False),
+)
+
+leases = Table(
+    "leases", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(200), nullable=False),
+    Column("expires", Float, nullable=False),                # database clock, Unix seconds
+)

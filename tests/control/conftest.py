@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from llmgw_runtime.control.app import create_app
+from llmgw_runtime.control.bootstrap import bootstrap
+from llmgw_runtime.control.config import ControlConfig
+from llmgw_runtime.control.reconcile import Reconciler
+from llmgw_runtime.store import Store
+
+ADMIN, JOIN, ROUTER = "llmgw-admin-test", "llmgw-join-test", "llmgw-router-test"
+CPU = {"id": 0, "uuid": "cpu-host", "card": 0, "mig": None, "class": "cpu",
+       "memory_total_mb": 16000, "memory_used_mb": 1000, "healthy": True, "reason": None}
+
+
+class Api:
+    def __init__(self, client: FlaskClient, store: Store, config: ControlConfig) -> None:
+        self.client, self.store, self.config = client, store, config
+        self.reconciler = Reconciler(store, config, holder="test")
+
+    def call(self, method: str, path: str, token: str | None = ADMIN, **kw: Any) -> Any:
+        headers = kw.pop("headers", {})
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return self.client.open(path, method=method, headers=headers, **kw)
+
+    def join(self, node: str = "n1") -> str:
+        resp = self.call("POST", "/api/v1/agent/join", JOIN, json={"node": node})
+        assert resp.status_code == 200, resp.json
+        return str(resp.json["credential"])
+
+    def report(self, cred: str, node: str = "n1", replicas: list[Any] | None = None,
+               devices: list[Any] | None = None) -> Any:
+        return self.call("POST", "/api/v1/agent/report", cred, json={
+            "node": node, "address": "127.0.0.1", "agent_version": "t",
+            "devices": [CPU] if devices is None else devices, "engines": ["llama.cpp"],
+            "weights": {}, "replicas": replicas or []})
+
+
+@pytest.fixture
+def api(store: Store, tmp_path: Path) -> Iterator[Api]:
+    config = ControlConfig(state_dir=tmp_path, admin_token=ADMIN, join_token=JOIN,
+                           router_token=ROUTER, start_timeout_s=60)
+    bootstrap(store, config)
+    app = create_app(config, store_=store)
+    yield Api(app.test_client(), store, config)

@@ -1,0 +1,74 @@
+"""Two control instances on one PostgreSQL store never both act; the other takes over
+when the leader stops."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from llmgw_runtime.control.config import ControlConfig
+from llmgw_runtime.control.reconcile import Reconciler
+from llmgw_runtime.store import Store
+
+
+@pytest.fixture
+def pg_store(postgres):  # type: ignore[no-untyped-def]
+    s = Store(postgres.create_database(f"leader_{time.time_ns()}"))
+    s.migrate()
+    yield s
+    s.dispose()
+
+
+def test_two_instances_never_both_lead_and_the_other_takes_over(pg_store: Store) -> None:
+    config = ControlConfig(reconcile_interval_s=0.05, lease_ttl_s=0.5)
+    a = Reconciler(pg_store, config, holder="a")
+    b = Reconciler(pg_store, config, holder="b")
+    # Each cycle that acted records (holder, start, end) of its write transaction.
+    acted: list[tuple[str, float, float]] = []
+    lock = threading.Lock()
+    stop_a = threading.Event()
+    stop_all = threading.Event()
+
+    def loop(rec: Reconciler, stop: threading.Event) -> None:
+        while not stop.is_set() and not stop_all.is_set():
+            start = time.monotonic()
+            led = rec.run_cycle()
+            end = time.monotonic()
+            if led:
+                with lock:
+                    acted.append((rec.holder, start, end))
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=loop, args=(a, stop_a)),
+               threading.Thread(target=loop, args=(b, threading.Event()))]
+    threads[0].start()
+    time.sleep(0.3)          # a leads first
+    threads[1].start()
+    time.sleep(1.0)
+    stop_a.set()             # a stops renewing (as if it died): b must take over
+    threads[0].join()
+    time.sleep(1.5)
+    stop_all.set()
+    threads[1].join()
+
+    holders = [h for h, _, _ in acted]
+    assert holders[0] == "a" and "b" in holders
+    first_b = min(s for h, s, _ in acted if h == "b")
+    last_a = max(e for h, _, e in acted if h == "a")
+    assert first_b > last_a, "b acted while a still held the lease"
+    assert first_b - last_a >= 0.3, "b took over before a's lease could have expired"
+    # While a was alive, b never led.
+    assert all(h == "a" for h, s, _ in acted if s < last_a)
+
+
+def test_a_lost_lease_is_noticed_before_writing(pg_store: Store) -> None:
+    config = ControlConfig(reconcile_interval_s=0.05, lease_ttl_s=0.2)
+    a = Reconciler(pg_store, config, holder="a")
+    b = Reconciler(pg_store, config, holder="b")
+    assert a.run_cycle()
+    time.sleep(0.3)
+    assert b.run_cycle()      # a's lease expired; b leads
+    assert not a.run_cycle()  # a sees b's unexpired lease and does nothing
+    assert b.is_leader and not a.is_leader

@@ -1,0 +1,116 @@
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw_runtime.engines import (
+    LAUNCHER_MODULE,
+    LlamaCppDriver,
+    VllmDriver,
+    cuda_visible_devices,
+    drivers_from_config,
+    resolve_source,
+)
+from llmgw_runtime.errors import EngineError
+
+
+def assignment(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "replica_id": "r-1", "model": "qwen", "engine": "llama.cpp",
+        "source": "file:///srv/models/qwen.gguf", "args": ["--ctx-size", "8192"],
+        "devices": [0], "device_uuids": ["cpu-host"], "device_kind": "cpu"}
+    base.update(over)
+    return base
+
+
+def test_llamacpp_with_a_binary_runs_llama_server(tmp_path: Path) -> None:
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    spec = LlamaCppDriver(str(binary)).launch(assignment(), host="127.0.0.1", port=4000)
+    assert spec.argv == [str(binary), "-m", "/srv/models/qwen.gguf", "--host", "127.0.0.1",
+                         "--port", "4000", "--alias", "qwen", "--ctx-size", "8192"]
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert spec.health_path == "/health"
+
+
+def test_llamacpp_with_a_missing_binary_says_so() -> None:
+    with pytest.raises(EngineError, match="LLMGW_LLAMA_SERVER_BINARY"):
+        LlamaCppDriver("/nonexistent/llama-server").launch(assignment(), host="h", port=1)
+
+
+def test_llamacpp_without_a_binary_uses_the_xllamacpp_launcher() -> None:
+    spec = LlamaCppDriver().launch(assignment(source="/m/q.gguf", args=[]),
+                                   host="127.0.0.1", port=4001)
+    assert spec.argv == [sys.executable, "-m", LAUNCHER_MODULE, "--model", "/m/q.gguf",
+                         "--host", "127.0.0.1", "--port", "4001", "--alias", "qwen"]
+
+
+def test_vllm_argv_on_two_whole_gpus_uses_uuids_never_indexes() -> None:
+    a = assignment(engine="vllm", device_kind="gpu", devices=[0, 1],
+                   device_uuids=["GPU-aaa", "GPU-bbb"], args=["--tensor-parallel-size", "2"])
+    spec = VllmDriver("/opt/vllm/bin/python").launch(a, host="0.0.0.0", port=4002)
+    assert spec.argv == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+                         "--model", "/srv/models/qwen.gguf", "--served-model-name", "qwen",
+                         "--host", "0.0.0.0", "--port", "4002",
+                         "--tensor-parallel-size", "2"]
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}
+    assert spec.health_path == "/health"
+
+
+@pytest.mark.parametrize("uuid", ["MIG-1234-abcd", "1234-abcd"])
+def test_mig_instance_gets_one_mig_uuid_without_double_prefix(uuid: str) -> None:
+    a = assignment(device_kind="mig", devices=[1001], device_uuids=[uuid])
+    assert cuda_visible_devices(a) == "MIG-1234-abcd"
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"device_kind": "mig", "device_uuids": ["a", "b"]}, "exactly one instance"),
+    ({"device_kind": "gpu", "device_uuids": []}, "no device_uuids"),
+    ({"device_kind": "tpu"}, "unknown"),
+])
+def test_bad_device_assignments_are_refused(over: dict[str, Any], message: str) -> None:
+    with pytest.raises(EngineError, match=message):
+        cuda_visible_devices(assignment(**over))
+
+
+def test_resolve_file_url_and_absolute_path() -> None:
+    assert resolve_source("file:///srv/m.gguf") == Path("/srv/m.gguf")
+    assert resolve_source("/srv/m.gguf") == Path("/srv/m.gguf")
+
+
+def test_resolve_hf_source_finds_the_file_in_a_weights_dir(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "q4.gguf").write_bytes(b"x")
+    found = resolve_source("hf://Org/Repo-GGUF/q4.gguf", [str(tmp_path / "a"), tmp_path / "b"])
+    assert found == tmp_path / "b" / "q4.gguf"
+
+
+def test_resolve_hf_source_missing_says_where_it_looked_and_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(EngineError) as err:
+        resolve_source("hf://Org/Repo/q4.gguf", [str(tmp_path)])
+    text = str(err.value)
+    assert "hf://Org/Repo/q4.gguf" in text and str(tmp_path) in text
+    assert "LLMGW_WEIGHTS_DIRS" in text
+
+
+@pytest.mark.parametrize("source", ["https://example.com/m.gguf", "relative/m.gguf",
+                                    "file://host/m.gguf", "hf://only-org"])
+def test_unsupported_sources_are_refused_naming_the_source(source: str) -> None:
+    with pytest.raises(EngineError, match="source"):
+        resolve_source(source, [])
+
+
+def test_drivers_from_config_offers_vllm_only_when_its_python_exists(tmp_path: Path) -> None:
+    assert sorted(drivers_from_config(None, None)) == ["llama.cpp"]
+    assert sorted(drivers_from_config(None, str(tmp_path / "none"))) == ["llama.cpp"]
+    python = tmp_path / "python"
+    python.write_text("")
+    drivers = drivers_from_config("/usr/bin/llama-server", str(python))
+    assert sorted(drivers) == ["llama.cpp", "vllm"]
+    assert drivers["vllm"].name == "vllm" and drivers["llama.cpp"].name == "llama.cpp"
+    vllm = drivers["vllm"]
+    assert isinstance(vllm, VllmDriver) and vllm.python == os.fspath(python)
