@@ -14,8 +14,7 @@ from sqlalchemy.engine import Connection
 
 from ..errors import StoreError
 from ..placement import place
-from ..store import Store
-from ..store import repo
+from ..store import Store, repo
 from . import snapshot
 from .config import ControlConfig
 from .states import PARK_AFTER, backoff_s, idle_expired

@@ -53,23 +53,23 @@ def install_error_handlers(app: Flask) -> None:
                               "the control service failed unexpectedly; see its log")
 
 
+class InvalidJSON(ValidationError):
+    reason = "invalid_json"
+
+
 def json_body(required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The request's JSON object, or a 400 that says what is wrong with it."""
     raw = request.get_data(cache=True)
     try:
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
-        raise LlmgwErrorJSON(f"the request body is not valid JSON: {exc}") from None
+        raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ValidationError("the request body must be a JSON object")
     missing = [k for k in required if k not in body]
     if missing:
         raise ValidationError(f"the request body lacks {', '.join(missing)}")
     return body
-
-
-class LlmgwErrorJSON(ValidationError):
-    reason = "invalid_json"
 
 
 def require(*kinds: str) -> Callable[[F], F]:

@@ -1,0 +1,68 @@
+"""The OpenAPI document at /openapi.json matches what the control service really answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+
+from .conftest import ADMIN, JOIN, ROUTER, Api
+
+CATALOG = "models: [{name: tiny, source: /m/tiny.gguf, engine: llama.cpp, profile: {class: cpu}}]"
+
+
+def checker(doc: dict[str, Any]) -> Any:
+    def check(resp: Any, path: str, method: str) -> None:
+        operation = doc["paths"][path][method]
+        status = str(resp.status_code)
+        spec = operation["responses"].get(status) or operation["responses"]["default"]
+        assert status in operation["responses"] or resp.status_code >= 400, \
+            f"{method.upper()} {path} answered {status}, which the document does not list"
+        content = spec.get("content")
+        if content is None:
+            return
+        schema = {"$ref": content["application/json"]["schema"]["$ref"],
+                  "components": doc["components"]}
+        jsonschema.Draft202012Validator(schema).validate(resp.json)
+    return check
+
+
+def test_every_documented_response_matches_the_real_one(api: Api) -> None:
+    doc = api.call("GET", "/openapi.json", None).json
+    assert doc["openapi"].startswith("3.1")
+    check = checker(doc)
+    check(api.call("GET", "/healthz", None), "/healthz", "get")
+    check(api.call("PUT", "/api/v1/catalog", ADMIN, data=CATALOG), "/api/v1/catalog", "put")
+    check(api.call("PUT", "/api/v1/catalog", ADMIN, data="models: 3"), "/api/v1/catalog", "put")
+    joined = api.call("POST", "/api/v1/agent/join", JOIN, json={"node": "n1"})
+    check(joined, "/api/v1/agent/join", "post")
+    cred = joined.json["credential"]
+    check(api.report(cred), "/api/v1/agent/report", "post")
+    api.reconciler.run_cycle()
+    answer = api.report(cred)
+    check(answer, "/api/v1/agent/report", "post")
+    rid = answer.json["assignments"][0]["replica_id"]
+    check(api.report(cred, replicas=[{"id": rid, "state": "ready", "port": 4000, "pid": 9}]),
+          "/api/v1/agent/report", "post")
+    check(api.call("GET", "/api/v1/routes", ROUTER), "/api/v1/routes", "get")
+    check(api.call("POST", "/api/v1/idle", ROUTER, json={"replicas": {rid: 1.0e9}}),
+          "/api/v1/idle", "post")
+    check(api.call("POST", "/api/v1/activate", ROUTER, json={"model": "tiny"}),
+          "/api/v1/activate", "post")
+    for path in ("/api/v1/models", "/api/v1/nodes", "/api/v1/replicas", "/api/v1/events",
+                 "/api/v1/keys"):
+        check(api.call("GET", path, ADMIN), path, "get")
+    check(api.call("GET", "/api/v1/models/tiny", ADMIN), "/api/v1/models/{name}", "get")
+    check(api.call("GET", "/api/v1/models/none", ADMIN), "/api/v1/models/{name}", "get")
+    check(api.call("POST", "/api/v1/keys", ADMIN, json={"name": "k"}), "/api/v1/keys", "post")
+    check(api.call("POST", "/api/v1/models/tiny/retry", ADMIN, json={}),
+          "/api/v1/models/{name}/retry", "post")
+    check(api.call("DELETE", "/api/v1/models/tiny", ADMIN), "/api/v1/models/{name}", "delete")
+
+
+def test_the_document_lists_every_route_the_service_has(api: Api) -> None:
+    doc = api.call("GET", "/openapi.json", None).json
+    app = api.client.application
+    served = {rule.rule.replace("<path:name>", "{name}") for rule in app.url_map.iter_rules()
+              if rule.endpoint != "static"}
+    assert served - {"/openapi.json"} == set(doc["paths"])

@@ -1,0 +1,78 @@
+"""`llmgw up`: the all-in-one serves SmolLM2 through the OpenAI API, Ctrl-C leaves no
+process behind, and a second run reuses the state."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import openai
+import pytest
+
+from llmgw_runtime.cli.client import Client
+from tests.support.procs import LlmgwProcess, descendants, free_port, pid_alive, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def start_up(state: Path, control_port: int, router_port: int,
+             name: str = "up") -> LlmgwProcess:
+    proc = LlmgwProcess(name, ["up", "--control-port", str(control_port),
+                               "--router-port", str(router_port)],
+                        {"LLMGW_STATE_DIR": str(state)}, state.parent)
+    wait_until(lambda: "llmgw is up" in proc.log.read_text() or proc.proc.poll() is not None,
+               120, "`llmgw up` to say it is up")
+    assert proc.proc.poll() is None, proc.tail()
+    return proc
+
+
+def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    control_port, router_port = free_port(), free_port()
+    up = start_up(state, control_port, router_port)
+    try:
+        banner = up.log.read_text()
+        assert f"http://127.0.0.1:{router_port}/v1" in banner and "curl -s" in banner
+        admin_token = (state / "secrets" / "admin-token").read_text().strip()
+        assert admin_token in banner
+        assert (state / "secrets" / "admin-token").stat().st_mode & 0o077 == 0
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{router_port}/v1", api_key="none",
+                               max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+        reply = client.chat.completions.create(
+            model="smollm2-135m-instruct", temperature=0, max_tokens=40,
+            messages=[{"role": "user", "content": "Name three colours."}])
+        text = reply.choices[0].message.content or ""
+        # SmolLM2 answers in English words, not tokens of gibberish.
+        assert any(colour in text.lower() for colour in ("red", "blue", "green", "yellow")), text
+        stream = client.chat.completions.create(
+            model="smollm2-135m-instruct", temperature=0, max_tokens=20, stream=True,
+            messages=[{"role": "user", "content": "Say hello."}])
+        pieces = [c.choices[0].delta.content for c in stream if c.choices
+                  and c.choices[0].delta.content]
+        assert len(pieces) > 3 and "".join(pieces).strip()
+
+        admin = Client(f"http://127.0.0.1:{control_port}", admin_token)
+        [replica] = admin.get("/api/v1/replicas")["replicas"]
+        family = descendants(up.pid) | {replica["pid"]}
+        assert len(family) >= 5   # control (master + worker), router, agent, engine
+    finally:
+        up.signal(signal.SIGINT)
+        up.proc.wait(60)
+    assert up.proc.returncode == 0, up.tail()
+    assert "llmgw: stopped" in up.log.read_text()
+    left = [pid for pid in family if pid_alive(pid)]
+    assert left == [], f"processes left after Ctrl-C: {left}"
+
+    # Running it again reuses the state: same secrets, same store, the model comes back.
+    again = start_up(state, control_port, router_port, name="up-again")
+    try:
+        assert (state / "secrets" / "admin-token").read_text().strip() == admin_token
+        events = Client(f"http://127.0.0.1:{control_port}", admin_token).get(
+            "/api/v1/events?limit=500")["events"]
+        assert sum(1 for e in events if e["kind"] == "catalog") == 1  # created once only
+    finally:
+        again.signal(signal.SIGINT)
+        again.proc.wait(60)
+    assert again.proc.returncode == 0
