@@ -36,6 +36,10 @@ class Device:
     utilization_pct: float | None = None
     healthy: bool = True
     reason: str | None = None
+    # MIG only: the GPU instance and compute instance ids, and the profile (``3g.40gb``).
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    profile: str | None = None
 
     @property
     def label(self) -> str:
@@ -57,6 +61,9 @@ class Device:
             "utilization_pct": self.utilization_pct,
             "healthy": self.healthy,
             "reason": self.reason,
+            "gpu_instance": self.gpu_instance,
+            "compute_instance": self.compute_instance,
+            "profile": self.profile,
         }
 
     @classmethod
@@ -129,6 +136,11 @@ def parse_device(data: Any, *, where: str, lenient: bool,
     extras = {}
     for key in ("temperature_c", "power_w", "utilization_pct"):
         extras[key] = get(key, _is_number, "null or a number", default=None, optional=True)
+    for key in ("gpu_instance", "compute_instance"):
+        extras[key] = get(key, lambda v: _is_int(v) and v >= 0, "null or an integer >= 0",
+                          default=None, optional=True)
+    extras["profile"] = get("profile", lambda v: isinstance(v, str), "null or a string",
+                            default=None, optional=True)
     healthy = get("healthy", lambda v: isinstance(v, bool), "true or false", default=True)
     reason = get("reason", lambda v: isinstance(v, str), "null or a string", default=None,
                  optional=True)
@@ -140,5 +152,7 @@ def parse_device(data: Any, *, where: str, lenient: bool,
         processes=tuple(dict(p) for p in processes or []),
         temperature_c=extras["temperature_c"], power_w=extras["power_w"],
         utilization_pct=extras["utilization_pct"], healthy=healthy, reason=reason,
+        gpu_instance=extras["gpu_instance"], compute_instance=extras["compute_instance"],
+        profile=extras["profile"],
     )
     return device, []

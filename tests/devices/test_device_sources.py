@@ -15,7 +15,8 @@ from llmgw_runtime.devices import (
 from llmgw_runtime.errors import DeviceError
 
 API_KEYS = {"id", "uuid", "card", "mig", "class", "memory_total_mb", "memory_used_mb",
-            "processes", "temperature_c", "power_w", "utilization_pct", "healthy", "reason"}
+            "processes", "temperature_c", "power_w", "utilization_pct", "healthy", "reason",
+            "gpu_instance", "compute_instance", "profile"}
 
 
 def test_cpu_source_reports_one_cpu_device_with_memory_from_meminfo(tmp_path: Path) -> None:
@@ -29,7 +30,8 @@ def test_cpu_source_reports_one_cpu_device_with_memory_from_meminfo(tmp_path: Pa
         "id": 0, "uuid": "cpu-box", "card": 0, "mig": None, "class": "cpu",
         "memory_total_mb": 8000, "memory_used_mb": 2000, "processes": [],
         "temperature_c": None, "power_w": None, "utilization_pct": None,
-        "healthy": True, "reason": None}
+        "healthy": True, "reason": None, "gpu_instance": None, "compute_instance": None,
+        "profile": None}
 
 
 def test_cpu_source_on_this_host_uses_the_hostname() -> None:

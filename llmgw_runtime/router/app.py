@@ -1,0 +1,227 @@
+"""The router's Flask app: OpenAI-compatible routes in front of the engine replicas.
+
+gunicorn calls :func:`create_app` in each gevent worker (after gevent has patched);
+``gunicorn 'llmgw_runtime.router.app:create_app_from_env()'`` reads ``LLMGW_*`` variables.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from flask import Blueprint, Flask, Response, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from ..security import bearer, hash_token
+from ..settings import load
+from .balancer import Balancer
+from .config import RouterConfig
+from .errors import (
+    InvalidApiKey,
+    InvalidJson,
+    InvalidRequest,
+    ModelNotFound,
+    ModelNotReady,
+    ModelParked,
+    ModelUnplaceable,
+    RouterError,
+    error_body,
+)
+from .openapi import openapi_document
+from .proxy import Upstreams, upstream_headers
+from .routes import ControlClient, ModelRoute, RoutesCache, RoutesTable
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+_ACTIVATE_STATES = ("starting", "activating", "idle")
+
+
+class RouterState:
+    """Everything one worker keeps: the balancer, the routes cache, the upstream pools."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.balancer = Balancer()
+        self.control = ControlClient(config.control_url, config.router_token)
+        self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s)
+        self.routes = RoutesCache(self.control, config.refresh_interval_s,
+                                  self.balancer.last_used, on_table=self._on_table)
+        self._activated: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def _on_table(self, table: RoutesTable) -> None:
+        self.balancer.forget_except(table.replica_ids())
+        self.upstreams.forget_except({e.url for m in table.models.values() for e in m.endpoints})
+
+    def current_table(self) -> RoutesTable:
+        """The routes table; the first request of a worker fetches it if the loop has not."""
+        self.routes.ensure_started()
+        table = self.routes.table or self.routes.refresh(max_age_s=0.5)
+        if table is None:
+            raise ModelNotReady("the router has no routes table yet: "
+                                f"{self.routes.problem or 'control service not reached'}. "
+                                "Check that the control service runs (`llmgw ctl status`) "
+                                "and that the router token is right")
+        return table
+
+    def check_api_key(self, table: RoutesTable) -> None:
+        if not self.config.require_api_key:
+            return
+        key = bearer(request.headers.get("Authorization"))
+        if not table.api_key_hashes:
+            raise InvalidApiKey("this router requires an API key and none is configured: "
+                                "create one with `llmgw ctl keys create NAME` and send it as "
+                                "`Authorization: Bearer sk-llmgw-...`")
+        if key is None:
+            raise InvalidApiKey("no API key: send `Authorization: Bearer <key>`; create a key "
+                                "with `llmgw ctl keys create NAME`")
+        if hash_token(key) not in table.api_key_hashes:
+            raise InvalidApiKey("the API key is not valid: use a key made with "
+                                "`llmgw ctl keys create NAME` (keys are shown only once)")
+
+    def _activate(self, model: str) -> dict[str, Any]:
+        """Ask control to start ``model``; concurrent requests share one call a second."""
+        now = time.monotonic()
+        cached = self._activated.get(model)
+        if cached and now - cached[0] < 1.0:
+            return cached[1]
+        self._activated[model] = (now, {})
+        try:
+            answer = self.control.activate(model)
+        except Exception as exc:  # control unreachable: keep waiting on the table
+            log.warning("activation of %s not requested: %s", model, exc)
+            answer = {}
+        self._activated[model] = (now, answer)
+        return answer
+
+    def resolve(self, model: str, table: RoutesTable) -> ModelRoute:
+        """The model's route with at least one endpoint, activating and waiting if needed."""
+        route = table.models.get(model)
+        if route is None:
+            raise ModelNotFound(f"model '{model}' is not in the catalog; GET /v1/models lists "
+                                "the models this router serves", param="model")
+        if route.endpoints:
+            return route
+        _refuse(route.state, route.reason, model)
+        answer = self._activate(model)
+        _refuse(str(answer.get("state") or ""), answer.get("reason"), model)
+        deadline = time.monotonic() + self.config.activation_timeout_s
+        step = min(0.5, self.config.refresh_interval_s)
+        while time.monotonic() < deadline:
+            time.sleep(step)
+            current = self.routes.refresh(max_age_s=step)
+            route = (current.models.get(model) if current else None) or route
+            if route.endpoints:
+                return route
+            _refuse(route.state, route.reason, model)
+        raise ModelNotReady(f"model '{model}' has no ready replica after "
+                            f"{self.config.activation_timeout_s:g} s (state: {route.state}"
+                            + (f", {route.reason}" if route.reason else "")
+                            + "); retry later, `llmgw ctl status` shows its progress",
+                            param="model")
+
+
+def _refuse(state: str, reason: Any, model: str) -> None:
+    if state == "parked":
+        raise ModelParked(f"model '{model}' is parked after repeated failed starts; last error: "
+                          f"{reason or 'unknown'}. Fix the cause, then run "
+                          f"`llmgw ctl retry {model}`", param="model")
+    if state == "unplaceable":
+        raise ModelUnplaceable(f"model '{model}' cannot be placed: {reason or 'no device fits'}. "
+                               "Free or add a device that fits its profile, or change the "
+                               "profile in the catalog", param="model")
+
+
+def _error_response(exc: RouterError) -> Response:
+    resp = jsonify(exc.body())
+    resp.status_code = exc.status
+    return resp
+
+
+def _openai_blueprint(state: RouterState) -> Blueprint:
+    bp = Blueprint("openai", __name__)
+    bp.register_error_handler(RouterError, _error_response)
+
+    def proxy(path: str) -> Response:
+        table = state.current_table()
+        state.check_api_key(table)
+        body = request.get_data(cache=False)
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise InvalidJson(f"the request body is not valid JSON ({exc}); send a JSON object "
+                              "with Content-Type: application/json") from None
+        if not isinstance(doc, dict):
+            raise InvalidRequest("the request body must be a JSON object with a 'model' field")
+        model = doc.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' is missing or not a string; set it to one of the ids "
+                                 "GET /v1/models lists", param="model")
+        route = state.resolve(model, table)
+        return state.upstreams.forward(model, route.endpoints, path, body,
+                                       upstream_headers(request.headers.items()))
+
+    @bp.post("/v1/chat/completions")
+    def chat_completions() -> Response:
+        return proxy("/v1/chat/completions")
+
+    @bp.post("/v1/completions")
+    def completions() -> Response:
+        return proxy("/v1/completions")
+
+    @bp.post("/v1/embeddings")
+    def embeddings() -> Response:
+        return proxy("/v1/embeddings")
+
+    @bp.get("/v1/models")
+    def models() -> Response:
+        table = state.current_table()
+        state.check_api_key(table)
+        data = [{"id": name, "object": "model", "created": table.first_seen.get(name, 0),
+                 "owned_by": "llmgw"} for name in sorted(table.models)]
+        return jsonify({"object": "list", "data": data})
+
+    return bp
+
+
+def create_app(config: RouterConfig | None = None) -> Flask:
+    """The router's WSGI app; ``config`` defaults to one loaded from ``LLMGW_*``."""
+    if config is None:
+        config = load(RouterConfig)
+    app = Flask(__name__)
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    state = RouterState(config)
+    app.extensions["llmgw_router"] = state
+    app.register_blueprint(_openai_blueprint(state))
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        state.routes.ensure_started()
+        table = state.routes.table
+        if table is None:
+            resp = jsonify({"status": "routes_unavailable", "models": 0,
+                            "message": state.routes.problem or "no routes table yet"})
+            resp.status_code = 503
+            return resp
+        return jsonify({"status": "ok", "models": len(table.models)})
+
+    @app.get("/openapi.json")
+    def openapi() -> Response:
+        return jsonify(openapi_document(VERSION))
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.code or 500, "http_error")
+        resp = jsonify(error_body(f"{request.method} {request.path}: {exc.description}",
+                                  "invalid_request_error", code))
+        resp.status_code = exc.code or 500
+        return resp
+
+    return app
+
+
+def create_app_from_env() -> Flask:
+    """For ``gunicorn 'llmgw_runtime.router.app:create_app_from_env()'``."""
+    return create_app(load(RouterConfig))

@@ -1,0 +1,50 @@
+"""The router's typed configuration, loaded with ``llmgw_runtime.settings.load``.
+
+Environment overrides use ``LLMGW_<FIELD>`` (``LLMGW_CONTROL_URL``, ``LLMGW_ROUTER_TOKEN``...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Settings of one router instance. ``control_url`` and ``router_token`` are required."""
+
+    control_url: str = ""
+    router_token: str = ""  # a secret: no default, validate() insists on one
+    host: str = "127.0.0.1"
+    port: int = 8480
+    workers: int = 2
+    worker_connections: int = 2000
+    require_api_key: bool = True
+    refresh_interval_s: float = 1.0
+    activation_timeout_s: float = 120.0
+    upstream_timeout_s: float = 600.0
+
+    def validate(self) -> list[str]:
+        """Every problem of this configuration, as messages that say what to fix."""
+        problems: list[str] = []
+        if not self.control_url:
+            problems.append("control_url is required: set LLMGW_CONTROL_URL or --control-url "
+                            "(e.g. http://127.0.0.1:8470)")
+        else:
+            parts = urlsplit(self.control_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                problems.append(f"control_url {self.control_url!r} is not an http(s) URL; "
+                                "use e.g. http://127.0.0.1:8470")
+        if not self.router_token:
+            problems.append("router_token is required: set LLMGW_ROUTER_TOKEN to the cluster's "
+                            "router token (llmgw-router-...)")
+        if not 0 <= self.port <= 65535:
+            problems.append(f"port {self.port} is out of range; use 1-65535 (0 picks a free one)")
+        if self.workers < 1:
+            problems.append(f"workers {self.workers} must be at least 1")
+        if self.worker_connections < 1:
+            problems.append(f"worker_connections {self.worker_connections} must be at least 1")
+        for name in ("refresh_interval_s", "activation_timeout_s", "upstream_timeout_s"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} {getattr(self, name)} must be a positive number of seconds")
+        return problems

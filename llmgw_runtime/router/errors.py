@@ -1,0 +1,58 @@
+"""Router errors, answered in OpenAI's shape ``{"error": {"message","type","code","param"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import LlmgwError
+
+
+class RouterError(LlmgwError):
+    """An error the router answers to an OpenAI client. ``code`` is OpenAI's ``error.code``."""
+
+    status = 500
+    code = "internal_error"
+    type = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
+
+
+def error_body(message: str, type_: str, code: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "code": code, "param": param}}
+
+
+class InvalidJson(RouterError):
+    status, code, type = 400, "invalid_json", "invalid_request_error"
+
+
+class InvalidRequest(RouterError):
+    status, code, type = 400, "invalid_request", "invalid_request_error"
+
+
+class InvalidApiKey(RouterError):
+    status, code, type = 401, "invalid_api_key", "invalid_request_error"
+
+
+class ModelNotFound(RouterError):
+    status, code, type = 404, "model_not_found", "invalid_request_error"
+
+
+class ModelParked(RouterError):
+    status, code = 503, "model_parked"
+
+
+class ModelUnplaceable(RouterError):
+    status, code = 503, "model_unplaceable"
+
+
+class ModelNotReady(RouterError):
+    status, code = 503, "model_not_ready"
+
+
+class UpstreamError(RouterError):
+    status, code = 502, "upstream_error"

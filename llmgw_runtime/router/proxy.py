@@ -1,0 +1,161 @@
+"""Forwarding one request to an engine replica, streaming its answer back.
+
+One urllib3 ``HTTPConnectionPool`` per upstream, made lazily in the worker (after gevent has
+patched). Streams pass through chunk by chunk as they arrive; a client that goes away
+closes the half-read upstream connection instead of returning it to the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
+
+import urllib3
+from flask import Response
+from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError
+from urllib3.response import BaseHTTPResponse, HTTPResponse
+
+from .balancer import Balancer, Endpoint
+from .errors import UpstreamError
+
+log = logging.getLogger(__name__)
+
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer",
+                        "trailers", "upgrade", "proxy-authorization", "proxy-authenticate",
+                        "proxy-connection"})
+# The client's API key is the router's business, not the engine's: it is never forwarded.
+_DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization"}
+_DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length"}
+# Failures where the upstream sent nothing yet: safe to try another replica.
+_BEFORE_FIRST_BYTE = (NewConnectionError, ProtocolError)
+
+
+def upstream_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return {k: v for k, v in items if k.lower() not in _DROP_UP}
+
+
+def downstream_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers.items() if k.lower() not in _DROP_DOWN]
+
+
+class Upstreams:
+    """Connection pools per upstream URL, and the forward-with-one-retry logic."""
+
+    def __init__(self, balancer: Balancer, timeout_s: float, maxsize: int = 2000) -> None:
+        self._balancer = balancer
+        self._timeout = urllib3.Timeout(connect=min(10.0, timeout_s), read=timeout_s)
+        self._maxsize = maxsize
+        self._pools: dict[str, urllib3.HTTPConnectionPool] = {}
+        self._lock = threading.Lock()
+
+    def pool(self, url: str) -> urllib3.HTTPConnectionPool:
+        pool = self._pools.get(url)
+        if pool is None:
+            with self._lock:
+                pool = self._pools.get(url)
+                if pool is None:
+                    parts = urlsplit(url)
+                    cls = (urllib3.HTTPSConnectionPool if parts.scheme == "https"
+                           else urllib3.HTTPConnectionPool)
+                    pool = cls(parts.hostname or "127.0.0.1", parts.port,
+                               maxsize=self._maxsize, block=False, retries=False,
+                               timeout=self._timeout)
+                    self._pools[url] = pool
+        return pool
+
+    def forget_except(self, urls: set[str]) -> None:
+        """Close pools of upstreams that left the routes table."""
+        with self._lock:
+            gone = [u for u in self._pools if u not in urls]
+            for url in gone:
+                self._pools.pop(url).close()
+
+    def forward(self, model: str, endpoints: Sequence[Endpoint], path: str, body: bytes,
+                headers: dict[str, str]) -> Response:
+        """POST ``body`` to the least busy endpoint; a failure before the first byte is
+        tried once more on another replica (the same one when it is the only one)."""
+        tried: list[str] = []
+        failures: list[str] = []
+        for _ in range(2):
+            ep = self._balancer.acquire(endpoints, avoid=tried)
+            if ep is None:
+                break
+            tried.append(ep.replica_id)
+            try:
+                resp = self.pool(ep.url).urlopen(
+                    "POST", path, body=body, headers=headers, preload_content=False,
+                    decode_content=False, retries=False, redirect=False,
+                    assert_same_host=False)
+            except _BEFORE_FIRST_BYTE as exc:
+                self._balancer.release(ep.replica_id)
+                failures.append(f"{ep.replica_id} ({ep.url}): {_describe(exc)}")
+                log.warning("replica %s of %s failed before answering (%s)", ep.replica_id,
+                            model, _describe(exc))
+                continue
+            except HTTPError as exc:
+                self._balancer.release(ep.replica_id)
+                raise UpstreamError(f"replica {ep.replica_id} of model '{model}' failed: "
+                                    f"{_describe(exc)}; retry the request, and check the "
+                                    "replica with `llmgw ctl status` if it persists",
+                                    ) from None
+            return self._respond(model, ep, resp)
+        raise UpstreamError(f"every tried replica of model '{model}' failed before answering: "
+                            + "; ".join(failures)
+                            + ". Retry shortly; `llmgw ctl status` shows the replicas' state")
+
+    def _respond(self, model: str, ep: Endpoint, resp: BaseHTTPResponse) -> Response:
+        ctype = resp.headers.get("content-type", "")
+        streaming = ("content-length" not in resp.headers
+                     or ctype.startswith("text/event-stream"))
+        headers = downstream_headers(resp.headers)
+        if not streaming:
+            try:
+                data = resp.read()
+            except HTTPError as exc:
+                resp.close()
+                raise UpstreamError(f"replica {ep.replica_id} of model '{model}' broke off its "
+                                    f"answer: {_describe(exc)}; retry the request") from None
+            finally:
+                self._balancer.release(ep.replica_id)
+            resp.release_conn()
+            return Response(data, status=resp.status, headers=headers)
+        headers += [("X-Accel-Buffering", "no"), ("Cache-Control", "no-cache")]
+        return Response(self._stream(ep, resp), status=resp.status, headers=headers,
+                        direct_passthrough=True)
+
+    def _stream(self, ep: Endpoint, resp: BaseHTTPResponse) -> Iterator[bytes]:
+        complete = False
+        try:
+            if (isinstance(resp, HTTPResponse) and resp.chunked
+                    and resp.supports_chunked_reads()):
+                for chunk in resp.read_chunked(decode_content=False):
+                    if chunk:
+                        yield chunk
+            else:
+                while True:
+                    chunk = resp.read1(65536, decode_content=False)
+                    if not chunk:
+                        break
+                    yield chunk
+            complete = True
+        except HTTPError as exc:
+            # Headers are already sent: the client sees a truncated stream.
+            log.warning("stream from replica %s broke off: %s", ep.replica_id, _describe(exc))
+        finally:
+            if complete:
+                resp.release_conn()
+            else:  # client went away or upstream broke: never reuse a half-read connection
+                resp.close()  # closes the socket too
+                resp.release_conn()
+            self._balancer.release(ep.replica_id)
+
+
+def _describe(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)
+    inner = reason if isinstance(reason, BaseException) else (exc.args[-1] if exc.args else None)
+    if isinstance(inner, BaseException):
+        return f"{type(exc).__name__}: {type(inner).__name__}: {inner}"[:300]
+    return f"{type(exc).__name__}: {exc}"[:300]

@@ -1,0 +1,206 @@
+"""The routes table: what the control service says each model's state and endpoints are.
+
+A per-worker :class:`RoutesCache` polls ``GET /api/v1/routes`` every tick from a background
+thread (a greenlet under gevent), started lazily on the first request so that it lives in
+the worker, after gevent has patched. It keeps the last good table while control is
+unreachable and posts the idle map once a tick.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import urllib3
+
+from .balancer import Endpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    name: str
+    state: str
+    reason: str | None
+    on_demand: bool
+    endpoints: tuple[Endpoint, ...]
+
+
+@dataclass(frozen=True)
+class RoutesTable:
+    models: dict[str, ModelRoute]
+    api_key_hashes: frozenset[str]
+    fetched_at: float
+    first_seen: dict[str, int] = field(default_factory=dict)  # model -> Unix s, for "created"
+
+    def replica_ids(self) -> set[str]:
+        return {e.replica_id for m in self.models.values() for e in m.endpoints}
+
+
+def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> RoutesTable:
+    """A :class:`RoutesTable` from control's JSON answer; raises ValueError on a bad shape."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
+        raise ValueError("routes answer has no 'models' list")
+    models: dict[str, ModelRoute] = {}
+    for m in doc["models"]:
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+            raise ValueError(f"routes answer has a model without a name: {m!r}"[:200])
+        eps = tuple(Endpoint(str(e["replica_id"]), str(e["url"]).rstrip("/"))
+                    for e in (m.get("endpoints") or []))
+        reason = m.get("reason")
+        models[m["name"]] = ModelRoute(m["name"], str(m.get("state") or "unknown"),
+                                       None if reason is None else str(reason),
+                                       bool(m.get("on_demand")), eps)
+    hashes = frozenset(str(h) for h in (doc.get("api_key_hashes") or []))
+    old = previous.first_seen if previous else {}
+    first_seen = {name: old.get(name, int(now)) for name in models}
+    return RoutesTable(models, hashes, now, first_seen)
+
+
+class ControlError(Exception):
+    """Control could not be reached or answered badly; the message says how."""
+
+
+class ControlClient:
+    """The router's calls to the control service, authenticated with the router token."""
+
+    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0) -> None:
+        self._base = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}",
+                         "Content-Type": "application/json"}
+        self._timeout = urllib3.Timeout(connect=min(timeout_s, 3.0), read=timeout_s)
+        self._http: urllib3.PoolManager | None = None  # made lazily, in the worker
+
+    def _request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        if self._http is None:
+            self._http = urllib3.PoolManager(num_pools=2, maxsize=16, block=False)
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            resp = self._http.request(method, self._base + path, body=data,
+                                      headers=self._headers, timeout=self._timeout,
+                                      retries=False, redirect=False)
+        except urllib3.exceptions.HTTPError as exc:
+            raise ControlError(f"control service {self._base} unreachable: "
+                               f"{type(exc).__name__}") from None
+        return resp.status, resp.data
+
+    def _json(self, method: str, path: str, body: Any = None) -> Any:
+        status, data = self._request(method, path, body)
+        if status != 200:
+            raise ControlError(f"control service answered {method} {path} with HTTP {status}"
+                               + (" (is LLMGW_ROUTER_TOKEN the cluster's router token?)"
+                                  if status in (401, 403) else ""))
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise ControlError(f"control service answered {path} with non-JSON") from None
+
+    def get_routes(self) -> Any:
+        return self._json("GET", "/api/v1/routes")
+
+    def activate(self, model: str) -> dict[str, Any]:
+        doc = self._json("POST", "/api/v1/activate", {"model": model})
+        return doc if isinstance(doc, dict) else {}
+
+    def post_idle(self, replicas: dict[str, float]) -> None:
+        status, _ = self._request("POST", "/api/v1/idle", {"replicas": replicas})
+        if status not in (200, 204):
+            raise ControlError(f"control service answered POST /api/v1/idle with HTTP {status}")
+
+
+class RoutesCache:
+    """The last good routes table of this worker, refreshed every ``interval_s``."""
+
+    def __init__(self, client: ControlClient, interval_s: float,
+                 idle_map: Callable[[], dict[str, float]],
+                 on_table: Callable[[RoutesTable], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._client = client
+        self._interval = interval_s
+        self._idle_map = idle_map
+        self._on_table = on_table
+        self._clock = clock
+        self._table: RoutesTable | None = None
+        self._problem: str | None = None
+        self._last_attempt = 0.0
+        self._refresh_lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def table(self) -> RoutesTable | None:
+        return self._table
+
+    @property
+    def problem(self) -> str | None:
+        """Why the last refresh failed, or None when it worked."""
+        return self._problem
+
+    def ensure_started(self) -> None:
+        """Start the refresh loop in this process, once (cheap after the first call)."""
+        if self._thread is not None:
+            return
+        with self._start_lock:
+            if self._thread is None:
+                thread = threading.Thread(target=self._loop, name="llmgw-router-routes",
+                                          daemon=True)
+                thread.start()
+                self._thread = thread
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def refresh(self, max_age_s: float = 0.0) -> RoutesTable | None:
+        """Fetch the table now unless an attempt is younger than ``max_age_s``; concurrent
+        callers share one fetch. Returns the last good table (maybe None)."""
+        with self._refresh_lock:
+            if max_age_s and self._clock() - self._last_attempt < max_age_s:
+                return self._table
+            self._last_attempt = self._clock()
+            try:
+                doc = self._client.get_routes()
+                table = parse_table(doc, self._clock(), self._table)
+            except (ControlError, ValueError, KeyError, TypeError) as exc:
+                self._set_problem(str(exc))
+                return self._table
+            self._table = table
+            self._set_problem(None)
+        if self._on_table is not None:
+            self._on_table(table)
+        return table
+
+    def _set_problem(self, problem: str | None) -> None:
+        if problem == self._problem:
+            return
+        if problem is None:
+            log.info("routes table refreshed from the control service again")
+        else:
+            log.warning("routes table not refreshed (%s); %s", problem,
+                        "keeping the last good table" if self._table else "no table yet")
+        self._problem = problem
+
+    def tick(self) -> None:
+        """One cycle: refresh the table, then post the idle map."""
+        self.refresh()
+        idle = self._idle_map()
+        if idle:
+            try:
+                self._client.post_idle(idle)
+            except ControlError as exc:
+                log.debug("idle map not posted: %s", exc)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = self._clock()
+            try:
+                self.tick()
+            except Exception:  # a bug in one cycle must not stop routing updates
+                log.exception("router tick failed; trying again next tick")
+            self._stop.wait(max(0.0, self._interval - (self._clock() - started)))

@@ -1,0 +1,112 @@
+"""Fixtures for router tests: fake engines (real processes), a stand-in control service (a
+thread), and the real router served by ``serve.run`` in a subprocess."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import harness  # noqa: E402
+from fake_control import FakeControl  # noqa: E402
+
+from llmgw_runtime.security import hash_token  # noqa: E402
+
+ROUTER_TOKEN = "llmgw-router-test-token"
+API_KEY = "sk-llmgw-test-key"
+
+
+def model(name: str, state: str = "ready", endpoints: Sequence[tuple[str, str]] = (),
+          reason: str | None = None, on_demand: bool = False) -> dict[str, Any]:
+    return {"name": name, "state": state, "reason": reason, "on_demand": on_demand,
+            "endpoints": [{"replica_id": rid, "url": url} for rid, url in endpoints]}
+
+
+def table(*models: dict[str, Any], keys: Sequence[str] = (API_KEY,)) -> dict[str, Any]:
+    return {"models": list(models), "api_key_hashes": [hash_token(k) for k in keys]}
+
+
+@pytest.fixture(scope="session")
+def engines() -> Iterator[dict[str, str]]:
+    procs = []
+    urls = {}
+    try:
+        for name in ("e1", "e2"):
+            proc, url = harness.start_engine(name)
+            procs.append(proc)
+            urls[name] = url
+        yield urls
+    finally:
+        for proc in procs:
+            harness.stop(proc)
+
+
+@pytest.fixture(scope="session")
+def dead_url() -> str:
+    return f"http://127.0.0.1:{harness.free_port()}"  # nothing listens there
+
+
+def _base_models(engines: dict[str, str], dead_url: str) -> list[dict[str, Any]]:
+    return [
+        model("chat", endpoints=[("r-e1", engines["e1"]), ("r-e2", engines["e2"])]),
+        model("deadmix", endpoints=[("r-dead", dead_url), ("r-live", engines["e2"])]),
+        model("alldead", endpoints=[("r-dead", dead_url)]),
+        model("parked", "parked", reason="engine exited: CUDA out of memory"),
+        model("unplaceable", "unplaceable", reason="no a100-80g device with 80 GB free"),
+        model("ondemand", "idle", on_demand=True),
+        model("never", "idle", on_demand=True),
+        model("refused", "idle", on_demand=True),
+    ]
+
+
+@pytest.fixture(scope="session")
+def control(engines: dict[str, str], dead_url: str) -> Iterator[FakeControl]:
+    ctl = FakeControl(table(*_base_models(engines, dead_url)), ROUTER_TOKEN)
+
+    def make_ready() -> None:
+        models = [m for m in ctl.routes["models"] if m["name"] != "ondemand"]
+        models.append(model("ondemand", endpoints=[("r-od", engines["e1"])], on_demand=True))
+        ctl.set_routes(dict(ctl.routes, models=models))
+
+    def activate_ondemand() -> dict[str, Any]:
+        threading.Timer(0.5, make_ready).start()
+        return {"model": "ondemand", "state": "starting", "reason": None}
+
+    ctl.on_activate["ondemand"] = activate_ondemand
+    ctl.on_activate["refused"] = lambda: {"model": "refused", "state": "unplaceable",
+                                          "reason": "no device fits 4 gpus"}
+    ctl.start()
+    yield ctl
+    ctl.stop()
+
+
+@pytest.fixture(scope="session")
+def router(control: FakeControl) -> Iterator[str]:
+    """The real router: serve.run in a subprocess, 2 gevent workers, API keys required."""
+    proc, url = harness.start_router(control.url, ROUTER_TOKEN, workers=2,
+                                     refresh_interval_s=0.2, activation_timeout_s=2.0)
+    yield url
+    harness.stop(proc)
+
+
+@pytest.fixture(scope="session")
+def router_one(control: FakeControl) -> Iterator[str]:
+    """One gevent worker, so one balancer sees every request (balancing tests)."""
+    proc, url = harness.start_router(control.url, ROUTER_TOKEN, workers=1,
+                                     refresh_interval_s=0.2, activation_timeout_s=2.0)
+    yield url
+    harness.stop(proc)
+
+
+@pytest.fixture
+def client(router: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=router + "/v1", api_key=API_KEY, max_retries=0, timeout=20)
