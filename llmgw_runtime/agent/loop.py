@@ -11,7 +11,7 @@ from types import FrameType
 from typing import Any
 
 from .. import __version__
-from ..devices import DeviceSource, source_from_spec
+from ..devices import DeviceSource, Discovery, source_from_spec
 from ..engines import drivers_from_config
 from ..errors import LlmgwError
 from .client import ControlClient
@@ -73,10 +73,10 @@ class Agent:
     def build_report(self) -> dict[str, Any]:
         try:
             discovery = self.source.discover()
-            devices = discovery.to_dicts()
-            problems = list(discovery.problems)
         except LlmgwError as exc:
-            devices, problems = [], [str(exc)]
+            discovery = Discovery(problems=[str(exc)])
+        devices = discovery.to_dicts()
+        problems = list(discovery.problems)
         self._note_problems(problems)
         return {
             "node": self.config.node_name,
@@ -85,6 +85,9 @@ class Agent:
             "fabric": self.config.fabric,
             "devices": devices,
             "device_problems": problems,
+            "device_source": discovery.source or self.source.name,
+            "driver_version": discovery.driver_version,
+            "cards": [card.to_dict() for card in discovery.cards],
             "engines": self.engines,
             "weights": {"dirs": list(self.config.weights_dirs),
                         "seen": weights_seen(self.config.weights_dirs)},

@@ -23,6 +23,7 @@ from typing import Any
 import urllib3
 
 from ..engines import EngineDriver
+from ..engines.base import DEVICE_VARIABLES
 from ..errors import LlmgwError
 from .procs import free_port, pid_alive, proc_start_time, tail_lines
 
@@ -30,6 +31,14 @@ log = logging.getLogger(__name__)
 
 STARTING, READY, FAILED, STOPPED = "starting", "ready", "failed", "stopped"
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What an engine inherits from the agent: no llmgw secret (``LLMGW_*``) and no device
+    selection of its own (CUDA/Vulkan/ROCm visibility), so only llmgw picks its devices;
+    a MIG replica never sees a Vulkan device variable."""
+    return {k: v for k, v in environ.items()
+            if not k.startswith("LLMGW_") and k not in DEVICE_VARIABLES}
 
 
 @dataclass
@@ -123,7 +132,7 @@ class Supervisor:
             spec = driver.launch(assignment, host=self.host, port=rep.port,
                                  weights_dirs=self.weights_dirs)
             rep.argv, rep.health_path = list(spec.argv), spec.health_path
-            env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+            env = inherited_env(os.environ)
             env.update(spec.env)
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)

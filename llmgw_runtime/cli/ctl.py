@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections import Counter
 from typing import Any
 
 import click
 
+from ..status.summary import device_label
 from .client import Client, admin_token
-from .output import ago, device_id, emit, output_option
+from .output import ago, emit, output_option, table
 
 
 @click.group()
@@ -71,20 +71,32 @@ def models(ctx: click.Context, fmt: str) -> None:
 def nodes(ctx: click.Context, fmt: str) -> None:
     """Nodes and their devices (``0``, ``0/mig1``), class, memory and health."""
     data = client(ctx).get("/api/v1/nodes")
-    now = time.time()
-    rows = []
-    for node in data["nodes"]:
-        devices = node["devices"] or [None]
-        for i, dev in enumerate(devices):
-            first = i == 0
-            rows.append((
-                node["name"] if first else "", ago(node["last_report"], now) if first else "",
-                device_id(dev) if dev else "-", dev["class"] if dev else "-",
-                f"{dev.get('memory_used_mb', 0) / 1024:.1f}/"
-                f"{dev.get('memory_total_mb', 0) / 1024:.1f} GB" if dev else "-",
-                ("ok" if dev["healthy"] else f"UNHEALTHY: {dev.get('reason')}") if dev
-                else "no devices"))
-    emit(data, rows, ("NODE", "REPORTED", "DEVICE", "CLASS", "MEMORY", "HEALTH"), fmt)
+    emit(data, node_rows(data["nodes"], time.time()),
+         ("NODE", "REPORTED", "DEVICE", "CLASS", "MEMORY", "HEALTH"), fmt)
+
+
+def node_rows(nodes_: list[dict[str, Any]], now: float) -> list[tuple[str, ...]]:
+    """One row per device, then one per card that can run nothing, with the reason."""
+    rows: list[tuple[str, ...]] = []
+    for node in nodes_:
+        lines: list[tuple[str, ...]] = []
+        for dev in node["devices"]:
+            memory = (f"{dev.get('memory_used_mb', 0) / 1024:.1f}/"
+                      f"{dev.get('memory_total_mb', 0) / 1024:.1f} GB")
+            health = "ok" if dev.get("healthy", True) else f"UNHEALTHY: {dev.get('reason')}"
+            lines.append((device_label(dev), dev["class"], memory, health))
+        hardware = node.get("hardware") or {}
+        for card in hardware.get("cards", []):
+            if card.get("problem"):
+                lines.append((f"{card['index']} (card)", card.get("klass") or "-", "-",
+                              f"RUNS NOTHING: {card['problem']}"))
+        if not lines:
+            problems = "; ".join(hardware.get("problems", [])) or "no devices reported"
+            lines.append(("-", "-", "-", problems))
+        for i, line in enumerate(lines):
+            rows.append(((node["name"], ago(node["last_report"], now)) if i == 0
+                         else ("", "")) + line)
+    return rows
 
 
 @ctl.command()
@@ -127,49 +139,68 @@ def retry(ctx: click.Context, model: str) -> None:
 @output_option
 @click.pass_context
 def status(ctx: click.Context, fmt: str) -> None:
-    """One screen: models by state, devices by class, replicas by state."""
-    c = client(ctx)
-    models_ = c.get("/api/v1/models")["models"]
-    nodes_ = c.get("/api/v1/nodes")["nodes"]
-    replicas_ = c.get("/api/v1/replicas")["replicas"]
-    summary = summarize(models_, nodes_, replicas_)
+    """One screen: nodes, devices by class, replicas by state, models and what is wrong."""
+    data = client(ctx).get("/api/v1/status")
     if fmt == "json":
-        emit(summary, [], [], "json")
+        emit(data, [], [], "json")
         return
-    click.echo(f"nodes: {summary['nodes']}   replicas: "
-               + (", ".join(f"{k} {v}" for k, v in summary["replicas"].items()) or "none"))
-    click.echo("devices by class: " + (", ".join(
-        f"{k} {v['used']}/{v['total']} used" + (f" ({v['unhealthy']} unhealthy)"
-                                                if v["unhealthy"] else "")
-        for k, v in summary["devices"].items()) or "none"))
-    for m in summary["models"]:
-        line = f"  {m['name']}: {m['state']} {m['ready']}/{m['wanted']}"
-        click.echo(line + (f" - {m['reason']}" if m["reason"] else ""))
+    nodes_ = data["nodes"]
+    click.echo(f"nodes: {nodes_['reporting']}/{nodes_['total']} reporting"
+               + (f" ({nodes_['silent']} silent)" if nodes_["silent"] else "")
+               + "   replicas: "
+               + (", ".join(f"{k} {v}" for k, v in data["replicas"].items()) or "none"))
+    click.echo("")
+    click.echo(device_table(data["devices"]))
+    unusable = unusable_lines(data["cards_unusable"])
+    if unusable:
+        click.echo("\ncards that can run nothing:\n" + unusable)
+    click.echo("\n" + table([(m["name"], m["state"] + (" (on demand)" if m["on_demand"] else ""),
+                               f"{m['ready']}/{m['wanted']}", m["reason"] or "")
+                              for m in data["models"]],
+                             ("MODEL", "STATE", "READY", "REASON")))
 
 
-def summarize(models_: list[dict[str, Any]], nodes_: list[dict[str, Any]],
-              replicas_: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts for ``ctl status`` (a pure function of the admin API's listings)."""
-    used = {(r["node"], d) for r in replicas_ if r["desired"]
-            and r["state"] in ("pending", "starting", "ready") for d in r["devices"]}
-    devices: dict[str, Counter[str]] = {}
-    for node in nodes_:
-        for dev in node["devices"]:
-            count = devices.setdefault(dev["class"], Counter())
-            count["total"] += 1
-            if not dev.get("healthy", True):
-                count["unhealthy"] += 1
-            elif (node["name"], dev["id"]) in used:
-                count["used"] += 1
-    return {
-        "nodes": len(nodes_),
-        "replicas": dict(Counter(r["state"] for r in replicas_)),
-        "devices": {k: {"total": v["total"], "used": v["used"], "unhealthy": v["unhealthy"],
-                        "free": v["total"] - v["used"] - v["unhealthy"]}
-                    for k, v in sorted(devices.items())},
-        "models": [{"name": m["name"], "state": m["state"], "ready": m["ready"],
-                    "wanted": m["wanted"], "reason": m["reason"]} for m in models_],
-    }
+def device_table(devices: dict[str, dict[str, int]]) -> str:
+    if not devices:
+        return "devices: none reported"
+    return table([(k, v["total"], v["used"], v["free"], v["unhealthy"], v["unreachable"])
+                  for k, v in devices.items()],
+                 ("CLASS", "TOTAL", "USED", "FREE", "UNHEALTHY", "UNREACHABLE"))
+
+
+def unusable_lines(cards: list[dict[str, Any]]) -> str:
+    lines = []
+    for card in cards:
+        where = f"{card['node']} card {card['card']}" if card["card"] is not None \
+            else card["node"]
+        lines.append(f"  {where}: {card['problem']}"
+                     + (f"\n      what to do: {card['hint']}" if card.get("hint") else ""))
+    return "\n".join(lines)
+
+
+@ctl.command()
+@output_option
+@click.pass_context
+def plan(ctx: click.Context, fmt: str) -> None:
+    """What placement would do now (a dry run), and the devices by class it sees."""
+    data = client(ctx).get("/api/v1/plan")
+    if fmt == "json":
+        emit(data, [], [], "json")
+        return
+    click.echo(device_table(data["devices"]))
+    unusable = unusable_lines(data["cards_unusable"])
+    if unusable:
+        click.echo("\ncards that can run nothing:\n" + unusable)
+    click.echo("")
+    if not (data["starts"] or data["stops"] or data["unplaceable"]):
+        click.echo("nothing to do: every model has what it wants")
+    for start in data["starts"]:
+        click.echo(f"start {start['model']} on {start['node']} device(s) "
+                   f"{','.join(map(str, start['devices']))}")
+    for replica in data["stops"]:
+        click.echo(f"stop {replica}")
+    for model, reason in data["unplaceable"].items():
+        click.echo(f"cannot place {model}: {reason}")
 
 
 @ctl.group()

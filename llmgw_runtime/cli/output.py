@@ -37,13 +37,6 @@ def ago(when: float | None, now: float | None = None) -> str:
     return f"{secs // 3600}h ago"
 
 
-def device_id(dev: dict[str, Any]) -> str:
-    """``0`` for a whole GPU (or the CPU), ``0/mig1`` for a MIG instance."""
-    if dev.get("mig") is not None:
-        return f"{dev.get('card', 0)}/mig{dev['mig']}"
-    return str(dev.get("card", dev.get("id")))
-
-
 def output_option(fn: Any) -> Any:
     return click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]),
                         default="table", show_default=True, help="output format")(fn)

@@ -31,7 +31,7 @@ def apply_catalog() -> Any:
     return jsonify(result)
 
 
-def _models_out(conn: Any, now: float) -> list[dict[str, Any]]:
+def models_out(conn: Any, now: float) -> list[dict[str, Any]]:
     reps_by_model: dict[str, list[Any]] = {}
     for rep in repo.list_replicas(conn):
         reps_by_model.setdefault(rep.model, []).append(rep)
@@ -49,14 +49,14 @@ def _models_out(conn: Any, now: float) -> list[dict[str, Any]]:
 @require("admin")
 def models() -> Any:
     with store().begin() as conn:
-        return jsonify({"models": _models_out(conn, clock())})
+        return jsonify({"models": models_out(conn, clock())})
 
 
 @bp.get("/models/<path:name>")
 @require("admin")
 def model(name: str) -> Any:
     with store().begin() as conn:
-        for item in _models_out(conn, clock()):
+        for item in models_out(conn, clock()):
             if item["name"] == name:
                 return jsonify(item)
     raise NotFoundError(f"model {name!r} is not in the catalog; see `llmgw ctl models`")

@@ -34,7 +34,8 @@ def join() -> Any:
 
 def _check_report(body: dict[str, Any]) -> list[str]:
     problems = []
-    for key, kind in (("devices", list), ("replicas", list), ("engines", list)):
+    for key, kind in (("devices", list), ("replicas", list), ("engines", list),
+                      ("cards", list), ("device_problems", list)):
         if not isinstance(body.get(key, []), kind):
             problems.append(f"{key} must be a list")
     for i, dev in enumerate(body.get("devices") or []):

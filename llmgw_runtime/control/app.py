@@ -10,7 +10,7 @@ from flask import Blueprint, Flask, current_app, jsonify
 from .. import __version__, settings
 from ..errors import StoreError
 from ..store import Store, repo
-from . import admin_api, agent_api, routes_api
+from . import admin_api, agent_api, routes_api, status_api
 from .config import ControlConfig
 from .openapi import document
 from .reconcile import LEASE, Reconciler
@@ -46,7 +46,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["llmgw.store"] = store_ or Store(config.store_url)
     install_error_handlers(app)
-    for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp):
+    for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, status_api.bp):
         app.register_blueprint(bp)
     if start_reconciler and config.reconcile:
         reconciler = Reconciler(app.extensions["llmgw.store"], config)

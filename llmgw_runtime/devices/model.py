@@ -76,11 +76,36 @@ class Device:
 
 
 @dataclass(frozen=True)
+class Card:
+    """One physical GPU as a source saw it, whether or not it yields devices.
+
+    ``problem`` is set when the card can run nothing (MIG enabled with nothing carved, a
+    MIG change pending, an NVML error); ``hint`` says what the operator can do about it."""
+
+    index: int
+    uuid: str | None
+    name: str
+    klass: str | None
+    mig_current: bool | None = None      # None: the card has no MIG support
+    mig_pending: bool | None = None
+    instances: int = 0                   # MIG devices carved
+    problem: str | None = None
+    hint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Discovery:
-    """What a device source found: the devices, and what it could not use and why."""
+    """What a device source found: the devices, the cards they come from, and what could
+    not be used and why (``problems``: one line each, naming the card and what to do)."""
 
     devices: list[Device] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    cards: list[Card] = field(default_factory=list)
+    source: str = ""
+    driver_version: str | None = None
 
     def to_dicts(self) -> list[dict[str, Any]]:
         return [d.to_dict() for d in self.devices]

@@ -60,6 +60,11 @@ def resolve_source(source: str, weights_dirs: Sequence[str | Path] = ()) -> Path
                       "with the file in a weights directory")
 
 
+# Variables that choose devices; an engine gets only the ones llmgw sets.
+DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES",
+                    "GGML_VULKAN_DEVICE", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
 def cuda_visible_devices(assignment: Mapping[str, Any]) -> str:
     """CUDA_VISIBLE_DEVICES for an assignment: GPU UUIDs (never indexes), ``MIG-<uuid>`` for a
     MIG instance, empty for the CPU."""

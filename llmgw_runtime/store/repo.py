@@ -94,7 +94,7 @@ def node_to_dict(row: Any) -> dict[str, Any]:
     return {"name": row.name, "fabric": row.fabric, "address": row.address,
             "last_report": row.last_report, "agent_version": row.agent_version,
             "devices": json.loads(row.devices), "engines": json.loads(row.engines),
-            "weights": json.loads(row.weights)}
+            "weights": json.loads(row.weights), "hardware": json.loads(row.hardware)}
 
 
 def list_nodes(conn: Connection) -> list[Any]:
@@ -126,7 +126,11 @@ def record_report(conn: Connection, name: str, report: dict[str, Any], now: floa
         agent_version=report.get("agent_version"), last_report=now,
         devices=json.dumps(report.get("devices", [])),
         engines=json.dumps(report.get("engines", [])),
-        weights=json.dumps(report.get("weights", {}))))
+        weights=json.dumps(report.get("weights", {})),
+        hardware=json.dumps({"source": report.get("device_source"),
+                             "driver_version": report.get("driver_version"),
+                             "cards": report.get("cards", []),
+                             "problems": report.get("device_problems", [])})))
 
 
 # ---------------------------------------------------------------- replicas

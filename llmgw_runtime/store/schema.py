@@ -40,6 +40,8 @@ nodes = Table(
     Column("weights", Text, nullable=False, default="{}"),   # JSON
     Column("credential_hash", String(64), nullable=True),
     Column("created", Float, nullable=False),
+    # JSON: {"source", "driver_version", "cards": [...], "problems": [...]} (revision 0002)
+    Column("hardware", Text, nullable=False, default="{}", server_default="{}"),
 )
 
 replicas = Table(

@@ -50,7 +50,7 @@ def test_every_documented_response_matches_the_real_one(api: Api) -> None:
     check(api.call("POST", "/api/v1/activate", ROUTER, json={"model": "tiny"}),
           "/api/v1/activate", "post")
     for path in ("/api/v1/models", "/api/v1/nodes", "/api/v1/replicas", "/api/v1/events",
-                 "/api/v1/keys"):
+                 "/api/v1/keys", "/api/v1/status", "/api/v1/plan"):
         check(api.call("GET", path, ADMIN), path, "get")
     check(api.call("GET", "/api/v1/models/tiny", ADMIN), "/api/v1/models/{name}", "get")
     check(api.call("GET", "/api/v1/models/none", ADMIN), "/api/v1/models/{name}", "get")

@@ -114,3 +114,20 @@ def test_drivers_from_config_offers_vllm_only_when_its_python_exists(tmp_path: P
     assert drivers["vllm"].name == "vllm" and drivers["llama.cpp"].name == "llama.cpp"
     vllm = drivers["vllm"]
     assert isinstance(vllm, VllmDriver) and vllm.python == os.fspath(python)
+
+
+def test_engines_inherit_no_secret_and_no_device_choice_of_their_own() -> None:
+    from llmgw_runtime.agent.supervisor import inherited_env
+    from llmgw_runtime.engines.base import engine_env
+
+    agent_env = {"PATH": "/usr/bin", "LLMGW_JOIN_TOKEN": "secret",
+                 "CUDA_VISIBLE_DEVICES": "0,1", "GGML_VK_VISIBLE_DEVICES": "0"}
+    env = inherited_env(agent_env)
+    env.update(engine_env(assignment(device_kind="mig", devices=[1002],
+                                     device_uuids=["MIG-aa"])))
+    assert env == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "MIG-aa"}
+    gpu = inherited_env(agent_env)
+    gpu.update(engine_env(assignment(device_kind="gpu", devices=[0, 1],
+                                     device_uuids=["GPU-a", "GPU-b"])))
+    assert gpu["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert "GGML_VK_VISIBLE_DEVICES" not in gpu

@@ -111,3 +111,31 @@ def test_cpu_class_is_shared_by_several_replicas() -> None:
     cpu = DeviceView(id=0, klass="cpu", memory_total_mb=16000, memory_used_mb=2000)
     plan = place(snap([ModelView(spec(klass="cpu"), wanted=2)], [node("n1", cpu)]))
     assert len(plan.starts) == 2
+
+
+MIG = "a100-80g-mig-3g.40gb"
+
+
+def mig(card: int, instance: int, klass: str = MIG) -> DeviceView:
+    return DeviceView(id=1000 + 100 * card + instance, klass=klass,
+                      memory_total_mb=40 * 1024)
+
+
+def test_a_mig_class_replica_takes_exactly_one_instance_each() -> None:
+    node_ = node("n1", mig(0, 0), mig(0, 1), mig(0, 2, "a100-80g-mig-1g.10gb"), gpu(1))
+    plan = place(snap([ModelView(spec(klass=MIG), wanted=3)], [node_]))
+    assert sorted(s.devices for s in plan.starts) == [(1000,), (1001,)]
+    assert plan.unplaceable["m"].startswith("no node has 1 free a100-80g-mig-3g.40gb")
+
+
+def test_placement_refuses_more_than_one_instance_on_a_mig_class() -> None:
+    plan = place(snap([ModelView(spec(klass=MIG, gpus=2), wanted=1)],
+                      [node("n1", mig(0, 0), mig(0, 1))]))
+    assert plan.starts == []
+    assert "exactly one instance" in plan.unplaceable["m"]
+
+
+def test_a_whole_gpu_class_never_lands_on_a_mig_instance() -> None:
+    plan = place(snap([ModelView(spec(klass="a100-80g"), wanted=1)],
+                      [node("n1", mig(0, 0, "a100-80g-mig-7g.80gb"))]))
+    assert plan.starts == [] and "classes seen: a100-80g-mig-7g.80gb" in plan.unplaceable["m"]

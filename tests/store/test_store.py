@@ -15,8 +15,8 @@ CAT = """models:
 
 
 def test_migrate_is_repeatable(store: Store) -> None:
-    assert store.migrate() == "0001"
-    assert store.migrate() == "0001"
+    assert store.migrate() == "0002"
+    assert store.migrate() == "0002"
 
 
 def test_apply_creates_updates_and_reports_unchanged(store: Store) -> None:

@@ -1,0 +1,175 @@
+"""The doctor's judgement: a pure function from what was found on the node to findings,
+each with a level and, for anything wrong, what to do. Exit code 0 / 1 / 2."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..devices.model import Discovery
+
+OK, WARNING, ERROR = "ok", "warning", "error"
+GPU_SPECS = ("auto", "nvml", "nvidia-smi")
+
+
+@dataclass(frozen=True)
+class WeightsDir:
+    path: str
+    exists: bool
+    readable: bool = False
+    entries: int = 0
+
+
+@dataclass(frozen=True)
+class Facts:
+    devices_spec: str                       # what the agent is told to use: auto, nvml, cpu...
+    nvml: Discovery | None = None           # None: not looked at
+    nvidia_smi: Discovery | None = None
+    other: Discovery | None = None          # cpu / fake / none when that is the spec
+    engines: dict[str, str | None] = field(default_factory=dict)  # name -> problem or None
+    weights: list[WeightsDir] = field(default_factory=list)
+    control_url: str | None = None
+    control_ok: bool | None = None
+    control_detail: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str
+    topic: str
+    message: str
+    fix: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _source_failed(found: Discovery | None) -> str | None:
+    """The source's own failure when it saw no card at all, else None."""
+    if found is None or found.cards or found.devices:
+        return None
+    return "; ".join(found.problems) or "it found no GPU"
+
+
+def _drivers(facts: Facts) -> list[Finding]:
+    out: list[Finding] = []
+    nvml_err, smi_err = _source_failed(facts.nvml), _source_failed(facts.nvidia_smi)
+    for name, found, err in (("NVML", facts.nvml, nvml_err),
+                             ("nvidia-smi", facts.nvidia_smi, smi_err)):
+        if found is None:
+            continue
+        if err is None:
+            version = f" (driver {found.driver_version})" if found.driver_version else ""
+            out.append(Finding(OK, "driver", f"{name} works{version}: "
+                               f"{len(found.cards)} card(s), {len(found.devices)} device(s)"))
+        else:
+            out.append(Finding(WARNING, "driver", f"{name} is not usable: {err}"))
+    tried = [f for f in (facts.nvml, facts.nvidia_smi) if f is not None]
+    if tried and all(_source_failed(f) for f in tried):
+        out.append(Finding(ERROR, "driver", "no NVIDIA driver answers on this node: no GPU "
+                           "can run anything",
+                           "install the NVIDIA driver and load it (nvidia-smi must list the "
+                           "cards), or run the agent with --devices cpu on a machine without "
+                           "GPUs"))
+    if facts.nvml and facts.nvidia_smi and not nvml_err and not smi_err:
+        a = {d.uuid: d for d in facts.nvml.devices}
+        b = {d.uuid: d for d in facts.nvidia_smi.devices}
+        if set(a) != set(b):
+            only_a = ", ".join(sorted(set(a) - set(b))) or "none"
+            only_b = ", ".join(sorted(set(b) - set(a))) or "none"
+            out.append(Finding(WARNING, "driver", "NVML and nvidia-smi disagree about the "
+                               f"devices: only NVML sees {only_a}; only nvidia-smi sees "
+                               f"{only_b}",
+                               "a MIG change may be in progress; run the doctor again, and "
+                               "reset the GPU if it persists"))
+    return out
+
+
+def _cards(found: Discovery) -> list[Finding]:
+    out = []
+    for card in found.cards:
+        if card.mig_current is None:
+            mig = "MIG not supported"
+        else:
+            mig = (f"MIG {'enabled' if card.mig_current else 'disabled'}"
+                   + ("" if card.mig_pending == card.mig_current else
+                      f" (pending: {'enabled' if card.mig_pending else 'disabled'})"))
+            if card.mig_current:
+                mig += f", {card.instances} instance(s)"
+        where = f"card {card.index} ({card.name})"
+        if card.problem:
+            out.append(Finding(WARNING, "mig", f"{where} can run nothing: {card.problem}",
+                               card.hint))
+        else:
+            out.append(Finding(OK, "mig", f"{where}: {mig}, class {card.klass}"))
+    for dev in found.devices:
+        if not dev.healthy:
+            out.append(Finding(WARNING, "health", f"device {dev.label} ({dev.klass}) is "
+                               f"unhealthy and will not be used: {dev.reason}",
+                               "see the reason; after a fix, reset the GPU (nvidia-smi -r)"))
+    if found.cards and not any(d.healthy for d in found.devices):
+        out.append(Finding(ERROR, "devices", "no card on this node can run anything",
+                           "fix the cards above: each says what to do"))
+    return out
+
+
+def _rest(facts: Facts) -> list[Finding]:
+    out = []
+    if not facts.engines:
+        out.append(Finding(ERROR, "engines", "no inference engine is installed",
+                           "install llama.cpp's llama-server (set LLMGW_LLAMA_SERVER_BINARY) "
+                           "or xllamacpp, or vLLM (set LLMGW_VLLM_PYTHON)"))
+    for name, problem in sorted(facts.engines.items()):
+        if problem:
+            out.append(Finding(ERROR, "engines", f"engine {name}: {problem}"))
+        else:
+            out.append(Finding(OK, "engines", f"engine {name} is installed"))
+    if not facts.weights:
+        out.append(Finding(OK, "weights", "no weights directories configured: models are "
+                           "read from their source paths"))
+    for w in facts.weights:
+        if not w.exists:
+            out.append(Finding(WARNING, "weights", f"weights directory {w.path} does not exist",
+                               "create or mount it, or remove it from LLMGW_WEIGHTS_DIRS"))
+        elif not w.readable:
+            out.append(Finding(WARNING, "weights", f"weights directory {w.path} is not "
+                               "readable by this user", "fix its permissions"))
+        elif w.entries == 0:
+            out.append(Finding(WARNING, "weights", f"weights directory {w.path} is empty "
+                               "(an empty directory is not weights)",
+                               "copy or mount the model files there"))
+        else:
+            out.append(Finding(OK, "weights", f"weights directory {w.path}: {w.entries} "
+                               "entries"))
+    if facts.control_url is None:
+        out.append(Finding(WARNING, "control", "no control service configured",
+                           "set LLMGW_CONTROL_URL (or --control-url)"))
+    elif facts.control_ok:
+        out.append(Finding(OK, "control", f"control service {facts.control_url} answers"))
+    else:
+        out.append(Finding(ERROR, "control", f"control service {facts.control_url} cannot "
+                           f"be reached: {facts.control_detail}",
+                           "check the URL, that `llmgw server` runs there, and the firewall"))
+    return out
+
+
+def diagnose(facts: Facts) -> list[Finding]:
+    findings: list[Finding] = []
+    if facts.devices_spec in GPU_SPECS:
+        findings += _drivers(facts)
+        usable = next((f for f in (facts.nvml, facts.nvidia_smi)
+                       if f is not None and not _source_failed(f)), None)
+        if usable is not None:
+            findings += _cards(usable)
+    elif facts.other is not None:
+        kinds = ", ".join(sorted({d.klass for d in facts.other.devices})) or "none"
+        findings.append(Finding(OK, "devices", f"device source {facts.devices_spec}: "
+                                f"{len(facts.other.devices)} device(s) ({kinds})"))
+        for problem in facts.other.problems:
+            findings.append(Finding(WARNING, "devices", problem))
+    return findings + _rest(facts)
+
+
+def exit_code(findings: list[Finding]) -> int:
+    levels = {f.level for f in findings}
+    return 2 if ERROR in levels else 1 if WARNING in levels else 0

@@ -1,0 +1,1 @@
+"""The fleet summary: one pure function behind every status view."""
