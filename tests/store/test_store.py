@@ -72,3 +72,36 @@ def test_database_clock_is_unix_seconds(store: Store) -> None:
 
     with store.begin() as conn:
         assert abs(store.now(conn) - time.time()) < 5
+
+
+def test_a_multi_host_url_finds_the_writable_server(postgres) -> None:  # type: ignore[no-untyped-def]
+    from tests.support.procs import free_port
+
+    url = postgres.create_database("multihost")
+    dead = free_port()
+    host_part = f"127.0.0.1:{dead},127.0.0.1:{postgres.port}"
+    multi = url.replace(f"127.0.0.1:{postgres.port}", host_part) + \
+        "?target_session_attrs=read-write"
+    store = Store(multi)
+    try:
+        assert store.migrate() == "0002"
+        with store.begin() as conn:
+            repo.add_event(conn, 1.0, "test", "s", "written through a multi-host URL")
+            assert repo.list_events(conn)[0]["message"].startswith("written")
+    finally:
+        store.dispose()
+
+
+def test_an_unreachable_store_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from llmgw_runtime.errors import StoreError
+    from tests.support.procs import free_port
+
+    store = Store(f"postgresql://llmgw:secret@127.0.0.1:{free_port()}/llmgw")
+    with pytest.raises(StoreError) as info:
+        with store.begin() as conn:
+            store.now(conn)
+    message = str(info.value)
+    assert "cannot be reached" in message and "secret" not in message
+    assert "llmgw:***@127.0.0.1" in message
