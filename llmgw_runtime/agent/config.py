@@ -26,7 +26,7 @@ class AgentConfig:
     address: str = "127.0.0.1"
     engine_host: str = "127.0.0.1"
     state_dir: Path = field(default_factory=_default_state_dir)
-    devices: str = "cpu"
+    devices: str = "auto"
     llama_server_binary: str | None = None
     vllm_python: str | None = None
     weights_dirs: tuple[str, ...] = ()

@@ -8,6 +8,7 @@ import click
 
 from .. import __version__
 from .ctl import ctl, status_main
+from .doctor import doctor
 from .services import agent, router, server
 from .up import up
 
@@ -21,7 +22,7 @@ def cli(log_level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for command in (up, server, agent, router, ctl):
+for command in (up, server, agent, router, ctl, doctor):
     cli.add_command(command)
 
 

@@ -12,6 +12,7 @@ import os
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +142,16 @@ SOURCES: dict[str, SourceFactory] = {
     "cpu": lambda arg: CpuSource(),
     "none": lambda arg: NullSource(),
     "fake": lambda arg: FakeSource(arg),
+    # Imported when built: these modules import DeviceSource from here.
+    "nvml": lambda arg: import_module(f"{__package__}.nvml").real_source(),
+    "nvidia-smi": lambda arg: import_module(f"{__package__}.nvidia_smi").NvidiaSmiSource(),
+    "auto": lambda arg: import_module(f"{__package__}.auto").real_auto_source(),
 }
 
 
 def source_from_spec(spec: str) -> DeviceSource:
-    """``cpu``, ``none`` or ``fake:/path/devices.yaml`` -> a source."""
+    """``auto``, ``nvml``, ``nvidia-smi``, ``cpu``, ``none`` or ``fake:/path/devices.yaml``
+    -> a source."""
     kind, sep, arg = spec.strip().partition(":")
     factory = SOURCES.get(kind)
     if factory is None:

@@ -134,16 +134,18 @@ def _rest(facts: Facts) -> list[Finding]:
         elif not w.readable:
             out.append(Finding(WARNING, "weights", f"weights directory {w.path} is not "
                                "readable by this user", "fix its permissions"))
-        elif w.entries == 0:
+        elif not w.entries:
             out.append(Finding(WARNING, "weights", f"weights directory {w.path} is empty "
                                "(an empty directory is not weights)",
                                "copy or mount the model files there"))
         else:
-            out.append(Finding(OK, "weights", f"weights directory {w.path}: {w.entries} "
-                               "entries"))
+            out.append(Finding(OK, "weights", f"weights directory {w.path} holds "
+                               f"{w.entries} entries"))
     if facts.control_url is None:
         out.append(Finding(WARNING, "control", "no control service configured",
                            "set LLMGW_CONTROL_URL (or --control-url)"))
+    elif facts.control_ok is None:
+        pass                                # not checked
     elif facts.control_ok:
         out.append(Finding(OK, "control", f"control service {facts.control_url} answers"))
     else:

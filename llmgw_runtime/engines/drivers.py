@@ -73,3 +73,26 @@ def drivers_from_config(llama_server_binary: str | None = None,
     if vllm_python and os.path.isfile(os.path.expanduser(vllm_python)):
         drivers["vllm"] = VllmDriver(os.path.expanduser(vllm_python))
     return drivers
+
+
+def engine_problems(llama_server_binary: str | None = None,
+                    vllm_python: str | None = None) -> dict[str, str | None]:
+    """Each engine this configuration offers, with what keeps it from running (or None)."""
+    out: dict[str, str | None] = {}
+    if llama_server_binary:
+        found = shutil.which(llama_server_binary) or llama_server_binary
+        ok = os.path.isfile(found) and os.access(found, os.X_OK)
+        out["llama.cpp"] = None if ok else (
+            f"llama-server binary {llama_server_binary!r} is not found or not executable; "
+            "install llama.cpp or fix LLMGW_LLAMA_SERVER_BINARY")
+    else:
+        import importlib.util
+
+        out["llama.cpp"] = None if importlib.util.find_spec("xllamacpp") else (
+            "no llama-server binary (LLMGW_LLAMA_SERVER_BINARY) and no xllamacpp package")
+    if vllm_python:
+        path = os.path.expanduser(vllm_python)
+        out["vllm"] = None if os.path.isfile(path) else (
+            f"vLLM's python {vllm_python!r} does not exist; create vLLM's virtualenv or fix "
+            "LLMGW_VLLM_PYTHON")
+    return out
