@@ -29,7 +29,7 @@ system-deps:
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check llmgw_runtime tests bench
+	$(BIN)/ruff check llmgw_runtime tests bench scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy llmgw_runtime

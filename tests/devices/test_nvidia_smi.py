@@ -25,6 +25,7 @@ from llmgw_runtime.devices.nvidia_smi import (
     parse_list,
 )
 from llmgw_runtime.devices.nvidia_smi_xml import NvidiaSmiError, parse_xml
+from tests.support.captures import list_section
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "fixtures" / "nvidia-smi"
@@ -44,18 +45,6 @@ def shared(name: str) -> str:
 
 def own(name: str) -> str:
     return (OWN / name).read_text(encoding="utf-8")
-
-
-def list_section(capture: str) -> str:
-    """The ``nvidia-smi -L`` output inside a full nvidia_gpu_exporter capture file."""
-    lines = capture.splitlines()
-    start = lines.index("# $ nvidia-smi -L") + 2          # skip the '####' rule after it
-    out = []
-    for line in lines[start:]:
-        if line.startswith("#####"):
-            break
-        out.append(line)
-    return "\n".join(out)
 
 
 def proc(pid: int, name: str, used_mb: int | None, kind: str | None = "C") -> dict[str, Any]:

@@ -68,11 +68,13 @@ class Cluster:
                    proc.proc.poll() is not None, 30, "the router")
         assert proc.proc.poll() is None, proc.tail()
 
-    def start_agent(self, name: str = "agent") -> LlmgwProcess:
+    def start_agent(self, name: str = "agent", devices: str = "cpu",
+                    env: dict[str, str] | None = None) -> LlmgwProcess:
         return self._start(name, [
             "agent", "--control-url", self.control_url, "--state-dir", str(self.agent_dir),
-            "--devices", "cpu", "--node-name", "node1",
-        ], {"LLMGW_JOIN_TOKEN": self.join_token, "LLMGW_REPORT_INTERVAL_S": "0.5"})
+            "--devices", devices, "--node-name", "node1",
+        ], {"LLMGW_JOIN_TOKEN": self.join_token, "LLMGW_REPORT_INTERVAL_S": "0.5",
+            **(env or {})})
 
     def apply(self, text: str) -> Any:
         return self.admin.request("PUT", "/api/v1/catalog", text.encode(), "application/yaml")
