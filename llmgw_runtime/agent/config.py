@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import settings
+from .. import settings, tls
 from ..devices import SOURCES
 
 
@@ -34,6 +34,7 @@ class AgentConfig:
     start_timeout_s: float = 120.0
     stop_engines_on_exit: bool = False
     fabric: str | None = None
+    ca_file: str = ""          # the CA that signed the control service's certificate
 
     def validate(self) -> list[str]:
         problems: list[str] = []
@@ -54,6 +55,7 @@ class AgentConfig:
                             + ", ".join(sorted(SOURCES)) + " (fake:/path/file.yaml)")
         elif kind == "fake" and not self.devices.partition(":")[2]:
             problems.append("devices 'fake:' names no file; use fake:/path/file.yaml")
+        problems += tls.ca_problems(self.ca_file)
         if self.report_interval_s <= 0:
             problems.append(f"report_interval_s must be > 0, got {self.report_interval_s}")
         if self.start_timeout_s <= 0:

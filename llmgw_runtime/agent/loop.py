@@ -66,7 +66,7 @@ class Agent:
                                 weights_dirs=config.weights_dirs,
                                 start_timeout_s=config.start_timeout_s)
         client = ControlClient(config.control_url, config.join_token, config.node_name,
-                               config.credential_path)
+                               config.credential_path, ca_certs=config.ca_file or None)
         return cls(config, source=source_from_spec(config.devices), supervisor=supervisor,
                    client=client, engines=sorted(drivers))
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from .. import tls
 from ..control.config import default_state_dir
 
 
@@ -38,10 +39,12 @@ def admin_token(explicit: str | None) -> str:
 
 
 class Client:
-    def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, token: str, timeout: float = 30.0,
+                 ca_file: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.context = tls.client_context(ca_file)
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 content_type: str = "application/json") -> Any:
@@ -50,7 +53,8 @@ class Client:
         if body is not None:
             req.add_header("Content-Type", content_type)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout,
+                                        context=self.context) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             raw = exc.read()

@@ -18,14 +18,16 @@ from .output import ago, emit, output_option, table
 @click.option("--url", envvar="LLMGW_CONTROL_URL", default="http://127.0.0.1:8470",
               show_default=True, help="the control service")
 @click.option("--token", default=None, help="admin token (or LLMGW_ADMIN_TOKEN)")
+@click.option("--ca", "ca_file", envvar="LLMGW_CA_FILE", default=None,
+              help="CA file that signed the control service's certificate (https URLs)")
 @click.pass_context
-def ctl(ctx: click.Context, url: str, token: str | None) -> None:
+def ctl(ctx: click.Context, url: str, token: str | None, ca_file: str | None) -> None:
     """Operate a running llmgw: apply the catalog, list models, nodes, replicas, events."""
-    ctx.obj = {"url": url, "token": token}
+    ctx.obj = {"url": url, "token": token, "ca_file": ca_file}
 
 
 def client(ctx: click.Context) -> Client:
-    return Client(ctx.obj["url"], admin_token(ctx.obj["token"]))
+    return Client(ctx.obj["url"], admin_token(ctx.obj["token"]), ca_file=ctx.obj["ca_file"])
 
 
 @ctl.command()
@@ -231,9 +233,9 @@ def status_args(argv: list[str]) -> list[str]:
     rest: list[str] = []
     it = iter(argv)
     for arg in it:
-        if arg in ("--url", "--token"):
+        if arg in ("--url", "--token", "--ca"):
             front += [arg, next(it, "")]
-        elif arg.startswith(("--url=", "--token=")):
+        elif arg.startswith(("--url=", "--token=", "--ca=")):
             front.append(arg)
         else:
             rest.append(arg)

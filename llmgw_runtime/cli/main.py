@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-import logging
+import sys
 
-import click
+if "router" in sys.argv[1:4]:
+    # The router serves on gevent. gevent must patch the standard library before anything
+    # imports ssl (urllib, urllib3 do), or HTTPS sockets recurse forever in the workers.
+    from gevent import monkey
 
-from .. import __version__
-from .ctl import ctl, status_main
-from .doctor import doctor
-from .services import agent, router, server
-from .up import up
+    monkey.patch_all()
+
+import logging  # noqa: E402
+
+import click  # noqa: E402
+
+from .. import __version__  # noqa: E402
+from .ctl import ctl, status_main  # noqa: E402
+from .doctor import doctor  # noqa: E402
+from .services import agent, router, server  # noqa: E402
+from .up import up  # noqa: E402
 
 
 @click.group()

@@ -7,6 +7,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import tls
+
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("LLMGW_STATE_DIR") or ".llmgw")
@@ -32,6 +34,8 @@ class ControlConfig:
     report_interval_s: float = 2.0
     start_timeout_s: float = 180.0      # a replica not ready by then is a failed start
     reconcile: bool = True              # false: serve the APIs only, never lead
+    tls_cert: str = ""                  # serve HTTPS with this certificate and key
+    tls_key: str = ""
 
     def validate(self) -> list[str]:
         problems = []
@@ -42,6 +46,7 @@ class ControlConfig:
         if self.lease_ttl_s <= self.reconcile_interval_s * 2:
             problems.append("LLMGW_LEASE_TTL_S must be more than twice "
                             "LLMGW_RECONCILE_INTERVAL_S, or leadership flaps")
+        problems += tls.serving_problems(self.tls_cert, self.tls_key)
         url = self.database_url
         if url and not url.startswith(("sqlite:", "postgresql:", "postgres:",
                                        "postgresql+psycopg2:")):

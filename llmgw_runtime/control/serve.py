@@ -8,6 +8,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from .. import tls
 from ..store import Store
 from .app import create_app
 from .bootstrap import bootstrap
@@ -35,6 +36,8 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             "loglevel": "info",
             "proc_name": "llmgw-control",
         }.items():
+            self.cfg.set(key, value)
+        for key, value in tls.gunicorn_options(cfg.tls_cert, cfg.tls_key).items():
             self.cfg.set(key, value)
         if "control_socket_disable" in self.cfg.settings:
             self.cfg.set("control_socket_disable", True)

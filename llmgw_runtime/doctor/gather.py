@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .. import tls
 from ..agent.config import AgentConfig
 from ..devices.model import Discovery
 from ..devices.sources import DeviceSource, source_from_spec
@@ -34,9 +35,10 @@ def weights(dirs: tuple[str, ...]) -> list[WeightsDir]:
     return out
 
 
-def control(url: str, timeout: float = 3.0) -> tuple[bool, str]:
+def control(url: str, timeout: float = 3.0, ca_file: str = "") -> tuple[bool, str]:
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=timeout) as resp:
+        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=timeout,
+                                    context=tls.client_context(ca_file)) as resp:
             body = json.loads(resp.read() or b"{}")
             return True, str(body.get("status", "ok"))
     except urllib.error.HTTPError as exc:
@@ -70,7 +72,7 @@ def gather(config: AgentConfig, *, nvml: DeviceSource | None = None,
         other = _look(source_from_spec(config.devices))
     ok, detail = (None, None)
     if check_control and config.control_url:
-        ok, detail = control(config.control_url)
+        ok, detail = control(config.control_url, ca_file=config.ca_file)
     return Facts(devices_spec=spec, nvml=_look(nvml), nvidia_smi=_look(nvidia_smi),
                  other=other, engines=engines(config), weights=weights(config.weights_dirs),
                  control_url=config.control_url or None, control_ok=ok,

@@ -45,7 +45,8 @@ class RouterState:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.balancer = Balancer()
-        self.control = ControlClient(config.control_url, config.router_token)
+        self.control = ControlClient(config.control_url, config.router_token,
+                                     ca_file=config.ca_file)
         self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s)
         self.routes = RoutesCache(self.control, config.refresh_interval_s,
                                   self.balancer.last_used, on_table=self._on_table)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from .. import tls
+
 
 @dataclass(frozen=True)
 class RouterConfig:
@@ -23,6 +25,9 @@ class RouterConfig:
     refresh_interval_s: float = 1.0
     activation_timeout_s: float = 120.0
     upstream_timeout_s: float = 600.0
+    tls_cert: str = ""        # serve HTTPS with this certificate and key
+    tls_key: str = ""
+    ca_file: str = ""         # the CA that signed the control service's certificate
 
     def validate(self) -> list[str]:
         """Every problem of this configuration, as messages that say what to fix."""
@@ -47,4 +52,6 @@ class RouterConfig:
         for name in ("refresh_interval_s", "activation_timeout_s", "upstream_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} {getattr(self, name)} must be a positive number of seconds")
+        problems += tls.serving_problems(self.tls_cert, self.tls_key)
+        problems += tls.ca_problems(self.ca_file)
         return problems

@@ -70,7 +70,9 @@ class ControlError(Exception):
 class ControlClient:
     """The router's calls to the control service, authenticated with the router token."""
 
-    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0,
+                 ca_file: str = "") -> None:
+        self._ca_file = ca_file
         self._base = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}",
                          "Content-Type": "application/json"}
@@ -79,7 +81,8 @@ class ControlClient:
 
     def _request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         if self._http is None:
-            self._http = urllib3.PoolManager(num_pools=2, maxsize=16, block=False)
+            self._http = urllib3.PoolManager(num_pools=2, maxsize=16, block=False,
+                                             ca_certs=self._ca_file or None)
         data = None if body is None else json.dumps(body).encode()
         try:
             resp = self._http.request(method, self._base + path, body=data,

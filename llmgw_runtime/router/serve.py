@@ -13,6 +13,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from .. import tls
 from .config import RouterConfig
 
 GRACEFUL_TIMEOUT_S = 30
@@ -33,6 +34,7 @@ def gunicorn_options(config: RouterConfig) -> dict[str, Any]:
         "proc_name": "llmgw-router",
         "accesslog": None,
         "loglevel": "info",
+        **tls.gunicorn_options(config.tls_cert, config.tls_key),
     }
 
 

@@ -29,18 +29,28 @@ def tiny_catalog(path: Path, name: str = "tiny", **extra: Any) -> str:
 
 
 class Cluster:
-    def __init__(self, store_url: str, root: Path) -> None:
+    def __init__(self, store_url: str, root: Path, pki: Path | None = None) -> None:
         self.root = root
+        self.pki = pki            # a directory with ca.crt, control.*, router.*: HTTPS
         self.store_url = store_url
         self.admin_token = "llmgw-admin-" + secrets.token_urlsafe(16)
         self.join_token = "llmgw-join-" + secrets.token_urlsafe(16)
         self.router_token = "llmgw-router-" + secrets.token_urlsafe(16)
         self.control_port, self.router_port = free_port(), free_port()
-        self.control_url = f"http://127.0.0.1:{self.control_port}"
-        self.router_url = f"http://127.0.0.1:{self.router_port}"
+        scheme = "https" if pki else "http"
+        self.ca_file = str(pki / "ca.crt") if pki else None
+        self.control_url = f"{scheme}://127.0.0.1:{self.control_port}"
+        self.router_url = f"{scheme}://127.0.0.1:{self.router_port}"
         self.agent_dir = root / "agent"
         self.procs: dict[str, LlmgwProcess] = {}
-        self.admin = Client(self.control_url, self.admin_token)
+        self.admin = Client(self.control_url, self.admin_token, ca_file=self.ca_file)
+
+    def _tls(self, name: str) -> dict[str, str]:
+        if not self.pki:
+            return {}
+        return {"LLMGW_TLS_CERT": str(self.pki / f"{name}.crt"),
+                "LLMGW_TLS_KEY": str(self.pki / f"{name}.key"),
+                "LLMGW_CA_FILE": str(self.pki / "ca.crt")}
 
     def _start(self, name: str, args: list[str], env: dict[str, str]) -> LlmgwProcess:
         proc = LlmgwProcess(name, args, env, self.root)
@@ -53,8 +63,8 @@ class Cluster:
             "--database-url", self.store_url, "--state-dir", str(self.root), "--workers", "1",
         ], {"LLMGW_ADMIN_TOKEN": self.admin_token, "LLMGW_JOIN_TOKEN": self.join_token,
             "LLMGW_ROUTER_TOKEN": self.router_token, "LLMGW_RECONCILE_INTERVAL_S": "0.3",
-            "LLMGW_LEASE_TTL_S": "3", "LLMGW_REPORT_INTERVAL_S": "0.5"})
-        wait_until(lambda: http_ok(self.control_url + "/healthz") or
+            "LLMGW_LEASE_TTL_S": "3", "LLMGW_REPORT_INTERVAL_S": "0.5", **self._tls("control")})
+        wait_until(lambda: http_ok(self.control_url + "/healthz", self.ca_file) or
                    proc.proc.poll() is not None, 30, "the control service")
         assert proc.proc.poll() is None, proc.tail()
 
@@ -63,8 +73,9 @@ class Cluster:
             "router", "--control-url", self.control_url, "--host", "127.0.0.1",
             "--port", str(self.router_port), "--workers", "1",
             "--require-api-key" if require_api_key else "--no-require-api-key",
-        ], {"LLMGW_ROUTER_TOKEN": self.router_token, "LLMGW_REFRESH_INTERVAL_S": "0.3"})
-        wait_until(lambda: http_ok(self.router_url + "/healthz") or
+        ], {"LLMGW_ROUTER_TOKEN": self.router_token, "LLMGW_REFRESH_INTERVAL_S": "0.3",
+            **self._tls("router")})
+        wait_until(lambda: http_ok(self.router_url + "/healthz", self.ca_file) or
                    proc.proc.poll() is not None, 30, "the router")
         assert proc.proc.poll() is None, proc.tail()
 
@@ -74,7 +85,7 @@ class Cluster:
             "agent", "--control-url", self.control_url, "--state-dir", str(self.agent_dir),
             "--devices", devices, "--node-name", "node1",
         ], {"LLMGW_JOIN_TOKEN": self.join_token, "LLMGW_REPORT_INTERVAL_S": "0.5",
-            **(env or {})})
+            **({"LLMGW_CA_FILE": self.ca_file} if self.ca_file else {}), **(env or {})})
 
     def apply(self, text: str) -> Any:
         return self.admin.request("PUT", "/api/v1/catalog", text.encode(), "application/yaml")
@@ -105,9 +116,9 @@ class Cluster:
 def cluster_factory(tmp_path: Path) -> Iterator[Any]:
     made: list[Cluster] = []
 
-    def make(store_url: str | None = None) -> Cluster:
+    def make(store_url: str | None = None, pki: Path | None = None) -> Cluster:
         url = store_url or f"sqlite:///{tmp_path}/llmgw.db"
-        cluster = Cluster(url, tmp_path)
+        cluster = Cluster(url, tmp_path, pki)
         made.append(cluster)
         return cluster
 

@@ -38,9 +38,12 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
 
 
-def http_ok(url: str) -> bool:
+def http_ok(url: str, ca_file: str | None = None) -> bool:
+    import ssl
+
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=2, context=context) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False
