@@ -1,0 +1,134 @@
+"""llmgw.cluster.llmgw_model through real ansible-playbook runs against a real control
+service: create, idempotence, update with diff, check mode, delete, server refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw_runtime.cli.client import ApiError
+from tests.collection.conftest import Playbook
+from tests.integration.conftest import Cluster
+from tests.support.certs import make_pki
+
+pytestmark = pytest.mark.slow
+
+
+def model_task(name: str = "qwen", **fields: Any) -> dict[str, Any]:
+    """One llmgw_model task; the connection comes from LLMGW_CONTROL_URL/LLMGW_ADMIN_TOKEN."""
+    args: dict[str, Any] = {"name": name}
+    if fields.get("state") != "absent":
+        args.update(source="file:///srv/models/qwen.gguf", engine="llama.cpp",
+                    profile={"class": "cpu"})
+    args.update(fields)
+    return {"name": f"model {name}", "llmgw.cluster.llmgw_model": args}
+
+
+def stored(playbook: Playbook, name: str) -> dict[str, Any] | None:
+    try:
+        return playbook.cluster.model(name)
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def test_present_creates_the_model_and_a_second_run_changes_nothing(playbook: Playbook) -> None:
+    playbook.cluster.apply("models:\n  - {name: other, source: /srv/other.gguf, "
+                           "engine: llama.cpp, profile: {class: cpu}}\n")
+    # Server defaults left out (gpus/tp/pp/nodes, replicas) and the duration written as 30m:
+    # the second run must still see no difference from what the server stored.
+    declared = model_task(on_demand=True, idle_stop_after="30m", args=["--ctx-size", 512])
+
+    first, second = playbook.run(declared, declared)
+
+    assert first["changed"] is True
+    assert first["model"]["name"] == "qwen"
+    assert first["model"]["idle_stop_after_s"] == 1800
+    assert first["model"]["profile"] == {"class": "cpu", "gpus": 1, "tp": 1, "pp": 1,
+                                         "nodes": 1}
+    assert "state" in first["model"]
+    assert second["changed"] is False, second
+    assert second["changed_fields"] == []
+    assert stored(playbook, "qwen")["args"] == ["--ctx-size", "512"]
+    assert stored(playbook, "other") is not None, "the upsert must not delete other models"
+
+
+def test_a_changed_field_updates_the_model_and_the_diff_shows_it(playbook: Playbook) -> None:
+    playbook.run(model_task(replicas=1))
+
+    changed, again = playbook.run({**model_task(replicas=3), "diff": True},
+                                  model_task(replicas=3))
+
+    assert changed["changed"] is True
+    assert changed["changed_fields"] == ["replicas"]
+    assert changed["diff"]["before"]["replicas"] == 1
+    assert changed["diff"]["after"]["replicas"] == 3
+    assert changed["model"]["replicas"] == 3
+    assert stored(playbook, "qwen")["replicas"] == 3
+    assert again["changed"] is False
+
+
+def test_check_mode_reports_the_change_but_leaves_the_server_untouched(
+        playbook: Playbook) -> None:
+    new, = playbook.run({**model_task(), "check_mode": True})
+    assert new["changed"] is True
+    assert stored(playbook, "qwen") is None
+
+    playbook.run(model_task(engine="llama.cpp"))
+    update, delete = playbook.run({**model_task(engine="vllm"), "check_mode": True},
+                                  {**model_task(state="absent"), "check_mode": True})
+
+    assert update["changed"] is True and update["changed_fields"] == ["engine"]
+    assert update["model"]["engine"] == "vllm"          # the preview
+    assert delete["changed"] is True
+    model = stored(playbook, "qwen")
+    assert model is not None and model["engine"] == "llama.cpp"
+
+
+def test_absent_deletes_the_model_and_a_second_run_changes_nothing(playbook: Playbook) -> None:
+    playbook.run(model_task())
+
+    deleted, again = playbook.run({**model_task(state="absent"), "diff": True},
+                                  model_task(state="absent"))
+
+    assert deleted["changed"] is True
+    assert deleted["diff"]["before"]["name"] == "qwen" and deleted["diff"]["after"] == {}
+    assert again["changed"] is False
+    assert stored(playbook, "qwen") is None
+
+
+def test_an_entry_the_server_refuses_fails_with_its_message(playbook: Playbook) -> None:
+    # The connection given as options this time, not through the environment.
+    task = model_task(engine="foo", control_url=playbook.cluster.control_url,
+                      token=playbook.cluster.admin_token)
+    playbook.env.pop("LLMGW_CONTROL_URL")
+    playbook.env.pop("LLMGW_ADMIN_TOKEN")
+
+    failed, = playbook.run(task, expect_rc=2)
+
+    assert failed["failed"] is True
+    assert failed["status"] == 400 and failed["reason"] == "invalid_catalog"
+    assert "engine 'foo' is unknown" in failed["msg"]
+    assert any("engine 'foo' is unknown" in d for d in failed["details"])
+    assert playbook.cluster.admin_token not in str(failed)
+    assert stored(playbook, "qwen") is None
+
+
+def test_https_verifies_the_control_service_with_ca_path(cluster_factory: Any,
+                                                         tmp_path: Path) -> None:
+    ca = make_pki(tmp_path / "pki")
+    cluster: Cluster = cluster_factory(pki=tmp_path / "pki")
+    cluster.start_control()
+    workdir = tmp_path / "ansible"
+    workdir.mkdir()
+    playbook = Playbook(cluster, workdir)
+
+    trusted, untrusted = playbook.run(model_task(ca_path=str(ca)),
+                                      {**model_task(name="other"), "ignore_errors": True})
+
+    assert trusted["changed"] is True and cluster.model("qwen")["engine"] == "llama.cpp"
+    assert untrusted["failed"] is True
+    assert "cannot verify the TLS certificate" in untrusted["msg"], untrusted["msg"]
