@@ -12,6 +12,11 @@ from ..errors import DeviceError
 MIG_ID_BASE = 1000
 
 
+def label(card: int, mig: int | None) -> str:
+    """How operators see a device: ``0`` for a whole GPU, ``0/mig1`` for a MIG instance."""
+    return str(card) if mig is None else f"{card}/mig{mig}"
+
+
 def placement_id(card: int, mig: int | None) -> int:
     """Card index for a whole GPU; ``1000 + 100 x card + instance`` for a MIG instance."""
     if mig is None:
@@ -44,7 +49,7 @@ class Device:
     @property
     def label(self) -> str:
         """How operators see the id: ``0`` or ``0/mig1``."""
-        return str(self.card) if self.mig is None else f"{self.card}/mig{self.mig}"
+        return label(self.card, self.mig)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -6,13 +6,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ..devices.model import label
+
 ACTIVE = ("pending", "starting", "ready")
 
 
 def device_label(dev: dict[str, Any]) -> str:
-    """``0`` for a whole GPU (or the CPU), ``0/mig1`` for a MIG instance."""
+    """``0`` for a whole GPU (or the CPU), ``0/mig1`` for a MIG instance, from a reported
+    device object (``devices.model.label`` on the dataclass)."""
     if dev.get("mig") is not None:
-        return f"{dev.get('card', 0)}/mig{dev['mig']}"
+        return label(dev.get("card", 0), dev["mig"])
     return str(dev.get("card", dev.get("id")))
 
 
