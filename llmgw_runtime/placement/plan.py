@@ -1,203 +1,243 @@
-"""The first placement function: single-node replicas by device class and free memory.
+"""The fleet planner: a snapshot of the fleet in, a plan (starts, stops, reasons) out.
 
-Pure: a snapshot in, a plan out; no I/O and no clock (``now`` is in the snapshot). The fleet
-planner (multi-node, fabrics, weights locality, spread) grows from this interface.
+Pure: no I/O and no clock (``snap.now`` is the time). Capacity bookkeeping and the node
+ranking live in capacity.py; this module decides how many replicas each model needs, which
+to stop, and words the reasons an operator reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+import math
 
 from ..catalog import ModelSpec, is_mig_class
-
-ACTIVE = ("pending", "starting", "ready")
-CPU_CLASS = "cpu"
-
-
-@dataclass(frozen=True)
-class DeviceView:
-    id: int
-    klass: str
-    memory_total_mb: int
-    memory_used_mb: int = 0
-    healthy: bool = True
-
-
-@dataclass(frozen=True)
-class NodeView:
-    name: str
-    devices: tuple[DeviceView, ...]
-    engines: tuple[str, ...]
-    last_report: float | None
-    fabric: str | None = None
-
-
-@dataclass(frozen=True)
-class ReplicaView:
-    id: str
-    model: str
-    node: str
-    devices: tuple[int, ...]
-    state: str
-    started: float
-    desired: bool = True
-
-
-@dataclass(frozen=True)
-class ModelView:
-    spec: ModelSpec
-    wanted: int                 # replicas the model should have now
-    parked: bool = False
-    hold_starts: bool = False   # in backoff after a failure: start nothing new yet
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    models: tuple[ModelView, ...]
-    nodes: tuple[NodeView, ...]
-    replicas: tuple[ReplicaView, ...]
-    now: float
-    node_timeout_s: float = 30.0
-
-
-@dataclass(frozen=True)
-class Start:
-    model: str
-    node: str
-    devices: tuple[int, ...]
-
-
-@dataclass
-class Plan:
-    starts: list[Start] = field(default_factory=list)
-    stops: list[str] = field(default_factory=list)          # replica ids
-    unplaceable: dict[str, str] = field(default_factory=dict)  # model -> reason
-
-
-def _alive(node: NodeView, snap: Snapshot) -> bool:
-    return node.last_report is not None and snap.now - node.last_report <= snap.node_timeout_s
-
-
-class _Capacity:
-    """Free memory per (node, device), updated as the plan takes devices."""
-
-    def __init__(self, snap: Snapshot, specs: dict[str, ModelSpec]) -> None:
-        self.nodes = {n.name: n for n in snap.nodes if _alive(n, snap)}
-        self.free: dict[tuple[str, int], float] = {}
-        self.exclusive: set[tuple[str, int]] = set()
-        self.used_by: dict[tuple[str, int], int] = {}
-        for node in self.nodes.values():
-            for dev in node.devices:
-                if dev.healthy:
-                    self.free[(node.name, dev.id)] = (
-                        dev.memory_total_mb - dev.memory_used_mb) / 1024.0
-        for rep in snap.replicas:
-            spec = specs.get(rep.model)
-            if rep.state not in ACTIVE or not rep.desired:
-                continue
-            for dev_id in rep.devices:
-                self._take(rep.node, dev_id, spec, counted=rep.state == "ready")
-                self.used_by[(rep.node, dev_id)] = self.used_by.get((rep.node, dev_id), 0) + 1
-
-    def _take(self, node: str, dev_id: int, spec: ModelSpec | None, counted: bool) -> None:
-        key = (node, dev_id)
-        if key not in self.free:
-            return
-        memory = spec.profile.memory_gb if spec else None
-        if memory is None:
-            if spec is None or spec.profile.klass != CPU_CLASS:
-                self.exclusive.add(key)
-        elif not counted:   # a ready engine's memory already shows in memory_used
-            self.free[key] -= memory
-
-    def candidates(self, spec: ModelSpec) -> tuple[list[tuple[str, tuple[int, ...]]], str]:
-        """Device sets that fit ``spec``, best fit first, or why there are none."""
-        klass, need = spec.profile.klass, spec.profile.memory_gb
-        exclusive = need is None and klass != CPU_CLASS
-        of_class = [(n, d) for n in self.nodes.values() for d in n.devices
-                    if d.klass == klass]
-        if not of_class:
-            seen = sorted({d.klass for n in self.nodes.values() for d in n.devices})
-            return [], (f"no reporting node has a device of class {klass}"
-                        + (f" (classes seen: {', '.join(seen)})" if seen else
-                           " (no node is reporting)"))
-        with_engine = [(n, d) for n, d in of_class if spec.engine in n.engines]
-        if not with_engine:
-            return [], f"no node with class {klass} has the {spec.engine} engine installed"
-        healthy = [(n, d) for n, d in with_engine if (n.name, d.id) in self.free]
-        if not healthy:
-            return [], f"every {klass} device is unhealthy"
-        usable = [(n, d) for n, d in healthy if (n.name, d.id) not in self.exclusive
-                  and not (exclusive and self._shared(n.name, d.id))
-                  and (need is None or self.free[(n.name, d.id)] >= need)]
-        by_node: dict[str, list[DeviceView]] = {}
-        for node, dev in usable:
-            by_node.setdefault(node.name, []).append(dev)
-        out = []
-        for node_name, devs in by_node.items():
-            if len(devs) >= spec.profile.gpus:
-                devs.sort(key=lambda d: (self.free[(node_name, d.id)], d.id))
-                chosen = devs[: spec.profile.gpus]
-                out.append((node_name, tuple(d.id for d in chosen)))
-        if out:
-            out.sort(key=lambda c: (sum(self.free[(c[0], i)] for i in c[1]), c[0], c[1]))
-            return out, ""
-        largest = max(self.free[(n.name, d.id)] for n, d in healthy)
-        if need is not None and spec.profile.gpus == 1:
-            return [], (f"no {klass} device has {need:g} GB free "
-                        f"(largest free: {largest:.1f} GB)")
-        return [], (f"no node has {spec.profile.gpus} free {klass} device(s)"
-                    + (f" with {need:g} GB each" if need is not None else ""))
-
-    def _shared(self, node: str, dev_id: int) -> bool:
-        return self.used_by.get((node, dev_id), 0) > 0
-
-    def take(self, node: str, devices: Iterable[int], spec: ModelSpec) -> None:
-        for dev_id in devices:
-            self._take(node, dev_id, spec, counted=False)
-            self.used_by[(node, dev_id)] = self.used_by.get((node, dev_id), 0) + 1
+from .capacity import Capacity, Choice, NodeState, Request, replica_nodes, silence
+from .model import ACTIVE, ModelView, NodeView, PartStart, Plan, ReplicaView, Snapshot, Start
 
 
 def place(snap: Snapshot) -> Plan:
     """Decide which replicas to start and stop, and why a model cannot be placed."""
     plan = Plan()
-    specs = {m.spec.name: m.spec for m in snap.models}
-    cap = _Capacity(snap, specs)
-    by_model: dict[str, list[ReplicaView]] = {}
-    for rep in snap.replicas:
-        if rep.desired and rep.state in ACTIVE:
-            by_model.setdefault(rep.model, []).append(rep)
-    for rep in snap.replicas:
-        if rep.desired and rep.model not in specs:
-            plan.stops.append(rep.id)       # its model left the catalog
-    for model in sorted(snap.models, key=lambda m: m.spec.name):
+    models = {m.spec.name: m for m in snap.models}
+    views = {n.name: n for n in snap.nodes}
+    active = _keep_or_stop(snap, models, views, plan)
+    cap: Capacity | None = None             # built only when something must be placed
+    failed: dict[tuple[str, str, int, int, float | None], str] = {}
+    for model in sorted(models.values(), key=_order):
         spec = model.spec
-        active = by_model.get(spec.name, [])
+        reps = active.get(spec.name, [])
         wanted = 0 if model.parked else model.wanted
-        if len(active) > wanted:
-            # Stop the least useful first: not ready before ready, newest first.
-            extra = sorted(active, key=lambda r: (r.state == "ready", -r.started))
-            plan.stops.extend(r.id for r in extra[: len(active) - wanted])
+        if len(reps) > wanted:
+            _stop_extras(spec.name, reps, wanted, model.parked, views, snap, plan)
             continue
-        if model.parked or model.hold_starts:
+        if len(reps) == wanted or model.hold_starts:
             continue
-        if spec.profile.nodes > 1:
-            if len(active) < wanted:
-                plan.unplaceable[spec.name] = (
-                    f"profile.nodes is {spec.profile.nodes}: multi-node replicas are placed by "
-                    "the fleet planner, which this version does not have yet")
+        refused = _refused(spec)
+        if refused:
+            plan.unplaceable[spec.name] = refused
             continue
-        if is_mig_class(spec.profile.klass) and spec.profile.gpus != 1:
-            plan.unplaceable[spec.name] = ("a MIG class runs on exactly one instance; "
-                                           "set profile.gpus to 1")
-            continue
-        for _ in range(wanted - len(active)):
-            options, reason = cap.candidates(spec)
-            if not options:
-                plan.unplaceable[spec.name] = reason
-                break
-            node, devices = options[0]
-            cap.take(node, devices, spec)
-            plan.starts.append(Start(model=spec.name, node=node, devices=devices))
+        if cap is None:
+            cap = Capacity(snap, {m.spec.name: m.spec for m in snap.models})
+        _place_model(cap, spec, reps, wanted - len(reps), views, plan, failed)
     return plan
+
+
+def _order(model: ModelView) -> tuple[int, int, str]:
+    """Multi-node models first (they need whole nodes), then the largest, then by name."""
+    return (-model.spec.profile.nodes, -model.spec.profile.gpus, model.spec.name)
+
+
+# -- replicas that exist -------------------------------------------------------------------
+
+
+def _keep_or_stop(snap: Snapshot, models: dict[str, ModelView], views: dict[str, NodeView],
+                  plan: Plan) -> dict[str, list[ReplicaView]]:
+    """Stop replicas of models that left the catalog and those on nodes silent past
+    ``replace_after_s``; return the rest of the active ones by model."""
+    active: dict[str, list[ReplicaView]] = {}
+    for rep in sorted(snap.replicas, key=lambda r: r.id):
+        if not rep.desired:
+            continue
+        if rep.model not in models:
+            _stop(plan, rep.id, f"model {rep.model} is no longer in the catalog")
+            continue
+        if rep.state not in ACTIVE:
+            continue
+        quiet, name = max((silence(views.get(n), snap.now), n) for n in replica_nodes(rep))
+        if quiet > snap.replace_after_s:
+            _stop(plan, rep.id, _silent_words(name, views.get(name), quiet, snap)
+                  + ": replacing this replica elsewhere")
+            continue
+        active.setdefault(rep.model, []).append(rep)
+    return active
+
+
+def _silent_words(name: str, view: NodeView | None, quiet: float, snap: Snapshot) -> str:
+    if view is None:
+        return f"node {name} is no longer in the fleet"
+    if view.last_report is None or math.isinf(quiet):
+        return f"node {name} has never reported"
+    return f"node {name} silent for {quiet:.0f} s (over {snap.replace_after_s:.0f} s)"
+
+
+def _stop_extras(name: str, reps: list[ReplicaView], wanted: int, parked: bool,
+                 views: dict[str, NodeView], snap: Snapshot, plan: Plan) -> None:
+    """Stop the least useful first: on a silent node, not ready, newest."""
+    def useful(rep: ReplicaView) -> tuple[bool, bool, float, str]:
+        heard = all(silence(views.get(n), snap.now) <= snap.node_timeout_s
+                    for n in replica_nodes(rep))
+        return (heard, rep.state == "ready", -rep.started, rep.id)
+
+    why = (f"model {name} is parked" if parked else
+           f"model {name} wants {wanted} replica(s) and has {len(reps)}: "
+           "stopping the least useful")
+    for rep in sorted(reps, key=useful)[: len(reps) - wanted]:
+        _stop(plan, rep.id, why)
+
+
+def _stop(plan: Plan, replica_id: str, why: str) -> None:
+    plan.stops.append(replica_id)
+    plan.stop_reasons[replica_id] = why
+
+
+# -- new replicas --------------------------------------------------------------------------
+
+
+def _refused(spec: ModelSpec) -> str:
+    prof = spec.profile
+    if is_mig_class(prof.klass) and (prof.gpus != 1 or prof.nodes != 1):
+        return ("a MIG class runs on exactly one instance; set profile.gpus and profile.nodes "
+                "to 1")
+    if prof.gpus < 1 or prof.nodes < 1:
+        return "profile.gpus and profile.nodes must be at least 1"
+    return ""
+
+
+def _place_model(cap: Capacity, spec: ModelSpec, reps: list[ReplicaView], missing: int,
+                 views: dict[str, NodeView], plan: Plan,
+                 failed: dict[tuple[str, str, int, int, float | None], str]) -> None:
+    prof = spec.profile
+    on_node: dict[str, int] = {}
+    in_fabric: dict[str, int] = {}
+    for rep in reps:
+        _count(rep.node, [p.node for p in rep.parts], views, on_node, in_fabric)
+    for _ in range(missing):
+        req = Request(klass=prof.klass, engine=spec.engine, gpus=prof.gpus, nodes=prof.nodes,
+                      memory_gb=prof.memory_gb, source=spec.source,
+                      spread=spec.strategy == "spread",
+                      on_node=tuple(sorted(on_node.items())),
+                      in_fabric=tuple(sorted(in_fabric.items())))
+        if req.signature in failed:     # capacity only shrinks within a plan
+            plan.unplaceable[spec.name] = failed[req.signature]
+            return
+        choice = cap.best_multi(req) if prof.nodes > 1 else cap.best_single(req)
+        if choice is None:
+            failed[req.signature] = plan.unplaceable[spec.name] = _reason(cap, req)
+            return
+        cap.take(choice, spec)
+        plan.starts.append(Start(
+            model=spec.name, node=choice.node, devices=choice.devices,
+            parts=tuple(PartStart(rank=i, node=n, devices=d)
+                        for i, (n, d) in enumerate(choice.parts, start=1)),
+            why=_why(choice, req)))
+        _count(choice.node, [n for n, _ in choice.parts], views, on_node, in_fabric)
+
+
+def _count(head: str, parts: list[str], views: dict[str, NodeView],
+           on_node: dict[str, int], in_fabric: dict[str, int]) -> None:
+    fabrics = set()
+    for name in (head, *parts):
+        on_node[name] = on_node.get(name, 0) + 1
+        view = views.get(name)
+        if view is not None and view.fabric is not None:
+            fabrics.add(view.fabric)
+    for fabric in fabrics:
+        in_fabric[fabric] = in_fabric.get(fabric, 0) + 1
+
+
+def _why(choice: Choice, req: Request) -> str:
+    """Why this node, in short operator words."""
+    if req.nodes > 1:
+        out = f"{req.nodes} whole nodes in fabric {choice.fabric}"
+        if choice.holders:
+            out += f"; {choice.holders} of them hold the weights"
+        if req.spread and choice.in_fabric == 0:
+            out = f"spread: no other replica of this model in fabric {choice.fabric}; " + out
+        return out
+    said = ["holds the weights"] if choice.holds else []
+    left = f"{choice.left} free {req.klass} left on the node"
+    if req.spread and choice.on_node == 0:
+        fabric = (f" or in fabric {choice.fabric}"
+                  if choice.fabric is not None and choice.in_fabric == 0 else "")
+        said.append(f"spread: no other replica of this model on the node{fabric}")
+    elif req.spread:
+        said.append(f"spread: every node that fits runs this model; {choice.on_node} "
+                    "other replica(s) here")
+    elif choice.whole and not choice.holds:
+        said.append(f"binpack: no partly used node fits; {left}")
+    elif choice.takes_free < req.gpus:
+        said.append(f"binpack: shares a device already in use; {left}")
+    else:
+        said.append(f"binpack: {left}")
+    return "; ".join(said)
+
+
+# -- why not -------------------------------------------------------------------------------
+
+
+def _reason(cap: Capacity, req: Request) -> str:
+    """Why nothing fits, in operator words: the first thing that rules the fleet out."""
+    klass, engine, gpus = req.klass, req.engine, req.gpus
+    if klass not in cap.classes:
+        seen = sorted(cap.classes)
+        return (f"no reporting node has a device of class {klass}"
+                + (f" (classes seen: {', '.join(seen)})" if seen else
+                   " (no node is reporting)" if not cap.alive else " (they report no devices)"))
+    with_engine = [cap.node(r) for r in cap.classes[klass]
+                   if engine in cap.views[cap.names[r]].engines]
+    if not with_engine:
+        return f"no node with class {klass} has the {engine} engine installed"
+    healthy = sum(len(n.by_class.get(klass, ())) for n in with_engine)
+    if healthy == 0:
+        return (f"every {klass} device is unhealthy" if len(with_engine) == len(cap.classes[klass])
+                else f"every {klass} device on a node with the {engine} engine is unhealthy")
+    if req.nodes > 1:
+        return _multi_reason(cap, req, with_engine)
+    usable = [n for n in with_engine if not n.blocked]
+    need = req.memory_gb
+    if need is not None and gpus == 1:
+        free = [d.free_gb for n in usable for d in n.by_class.get(klass, ()) if not d.exclusive]
+        if not free:
+            return f"no {klass} device has {need:g} GB free (every healthy one is taken)"
+        return f"no {klass} device has {need:g} GB free (largest free: {max(free):.1f} GB)"
+
+    def room(node: NodeState) -> int:
+        """Devices of the class on the node that this replica could take."""
+        devs = node.by_class.get(klass, ())
+        if not req.shareable:
+            return sum(d.users == 0 for d in devs)
+        return sum(not d.exclusive and (need is None or d.free_gb >= need) for d in devs)
+
+    most, _, where = max(((room(n), -n.rank, n.name) for n in usable), default=(0, 0, ""))
+    if gpus == 1:
+        return f"no node has 1 free {klass}: all {healthy} healthy ones are taken"
+    what = f"{gpus} x {klass}" + (f" with {need:g} GB free each" if need is not None else "")
+    if most == 0:
+        return f"needs {what} on one node; none is free (all {healthy} healthy ones are taken)"
+    return f"needs {what} on one node; the most free on one node is {most} ({where})"
+
+
+def _multi_reason(cap: Capacity, req: Request, with_engine: list[NodeState]) -> str:
+    whole = cap.whole_nodes(req.klass, req.engine, req.gpus)
+    fabrics = sorted({n.fabric for n in with_engine if n.fabric is not None})
+    loners = sum(1 for n in with_engine if n.fabric is None)
+    head = f"needs {req.nodes} whole nodes in one fabric"
+    if not fabrics:
+        return (f"{head}; no node with class {req.klass} is in a fabric "
+                "(a node with no fabric cannot be combined with others)")
+    counts = [f"{f} {len(whole.get(f, ()))}" for f in fabrics[1:]]
+    first = f"{fabrics[0]} has {len(whole.get(fabrics[0], ()))} free"
+    out = f"{head}; {', '.join([first, *counts])}"
+    if loners:
+        out += f"; {loners} node(s) with no fabric cannot be combined"
+    return out
+

@@ -1,0 +1,391 @@
+"""Capacity bookkeeping for the planner: which devices are free, shared or taken, indexed so
+that the best node for a replica is found without scanning the fleet.
+
+Nodes are bucketed per (device class, engine) by fabric, by "whole" (nothing runs on the node)
+and by how many devices of the class are free; each bucket is a list of node ranks (position
+in name order) kept sorted, so a walk in bucket order meets candidates best first.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+
+from ..catalog import ModelSpec
+from .model import ACTIVE, CPU_CLASS, NodeView, ReplicaView, Snapshot
+
+Group = str | None          # a fabric name; None groups the nodes that have no fabric
+Bucket = tuple[bool, int]   # (whole, free devices of the class)
+
+
+def silence(node: NodeView | None, now: float) -> float:
+    """Seconds since the node last reported; infinite when it never did or is unknown."""
+    if node is None or node.last_report is None:
+        return math.inf
+    return now - node.last_report
+
+
+def alive(node: NodeView, snap: Snapshot) -> bool:
+    return silence(node, snap.now) <= snap.node_timeout_s
+
+
+def replica_nodes(rep: ReplicaView) -> tuple[str, ...]:
+    return (rep.node, *(p.node for p in rep.parts))
+
+
+@dataclass
+class _Dev:
+    id: int
+    klass: str
+    free_gb: float
+    users: int = 0
+    exclusive: bool = False
+
+
+class NodeState:
+    """A reporting node: its healthy devices by class and what runs on it."""
+
+    __slots__ = ("name", "rank", "fabric", "engines", "by_class", "users", "blocked")
+
+    def __init__(self, view: NodeView, rank: int) -> None:
+        self.name = view.name
+        self.rank = rank
+        self.fabric = view.fabric
+        self.engines = tuple(sorted(set(view.engines)))
+        self.by_class: dict[str, list[_Dev]] = {}
+        for dev in sorted(view.devices, key=lambda d: d.id):
+            if dev.healthy:
+                self.by_class.setdefault(dev.klass, []).append(_Dev(
+                    dev.id, dev.klass, (dev.memory_total_mb - dev.memory_used_mb) / 1024.0))
+        self.users = 0          # replicas and parts on the node
+        self.blocked = False    # used whole by a multi-node replica
+
+    @property
+    def whole(self) -> bool:
+        return self.users == 0 and not self.blocked
+
+    def free(self, klass: str) -> int:
+        return sum(1 for d in self.by_class.get(klass, ()) if d.users == 0)
+
+    def free_ids(self, klass: str) -> set[int]:
+        return {d.id for d in self.by_class.get(klass, ()) if d.users == 0}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One replica to place."""
+
+    klass: str
+    engine: str
+    gpus: int
+    nodes: int
+    memory_gb: float | None
+    source: str
+    spread: bool = False
+    on_node: tuple[tuple[str, int], ...] = ()       # this model's replicas per node
+    in_fabric: tuple[tuple[str, int], ...] = ()     # ... and per fabric
+
+    @property
+    def shareable(self) -> bool:
+        return self.memory_gb is not None or self.klass == CPU_CLASS
+
+    @property
+    def signature(self) -> tuple[str, str, int, int, float | None]:
+        """Requests with one signature fit the same nodes (ranking aside)."""
+        return (self.klass, self.engine, self.gpus, self.nodes, self.memory_gb)
+
+
+@dataclass(frozen=True)
+class Choice:
+    node: str
+    devices: tuple[int, ...]
+    fabric: str | None
+    holds: bool             # the node (or, multi-node, some chosen node) holds the weights
+    whole: bool             # the node was whole (nothing running) before this placement
+    takes_free: int         # free devices this placement takes (fewer: shares used ones)
+    left: int               # free devices of the class left on the node after it
+    on_node: int = 0        # other replicas of the model on the node (spread)
+    in_fabric: int = 0      # other replicas of the model in the fabric (spread)
+    parts: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    holders: int = 0        # multi-node: chosen nodes that hold the weights
+
+
+@dataclass
+class _Fit:
+    devices: tuple[int, ...]
+    takes_free: int
+
+
+class _Index:
+    """The nodes that have one class and one engine, bucketed for best-first walks."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[Group, dict[Bucket, list[int]]] = {}
+        self.pos: dict[int, tuple[Group, Bucket]] = {}
+        self.members: set[int] = set()
+        self.shared: set[int] = set()   # members with a used device that can take more
+        self.maxf = 0
+
+    def put(self, rank: int, group: Group, bucket: Bucket | None) -> None:
+        old = self.pos.get(rank)
+        if old == (group, bucket):
+            return
+        if old is not None:
+            lst = self.buckets[old[0]][old[1]]
+            del lst[bisect_left(lst, rank)]
+            del self.pos[rank]
+        if bucket is not None:
+            insort(self.buckets.setdefault(group, {}).setdefault(bucket, []), rank)
+            self.pos[rank] = (group, bucket)
+
+
+class Capacity:
+    """The fleet's reporting nodes and what the plan has taken on them so far."""
+
+    def __init__(self, snap: Snapshot, specs: dict[str, ModelSpec]) -> None:
+        self.names = sorted({n.name for n in snap.nodes})      # rank -> name
+        self.rank = {name: i for i, name in enumerate(self.names)}
+        self.views = {n.name: n for n in snap.nodes}
+        self.alive = [r for r, name in enumerate(self.names) if alive(self.views[name], snap)]
+        self.classes: dict[str, list[int]] = {}   # class -> reporting nodes that have one
+        for rank in self.alive:
+            for klass in sorted({d.klass for d in self.views[self.names[rank]].devices}):
+                self.classes.setdefault(klass, []).append(rank)
+        # A node's devices are read when a query first needs that node; what the existing
+        # replicas use is applied then, in replica id order.
+        self._states: dict[int, NodeState] = {}
+        self._uses: dict[int, list[tuple[tuple[int, ...], ModelSpec | None, bool, bool]]] = {}
+        reporting = set(self.alive)
+        for rep in sorted(snap.replicas, key=lambda r: r.id):
+            if not rep.desired or rep.state not in ACTIVE:
+                continue
+            spec = specs.get(rep.model)
+            multi = bool(rep.parts) or (spec is not None and spec.profile.nodes > 1)
+            for name, devices in ((rep.node, rep.devices), *((p.node, p.devices)
+                                                             for p in rep.parts)):
+                rank = self.rank.get(name, -1)
+                if rank in reporting:
+                    self._uses.setdefault(rank, []).append(
+                        (devices, spec, rep.state == "ready", multi))
+        self._indexes: dict[tuple[str, str], _Index] = {}
+        self._holders: dict[str, tuple[frozenset[int], frozenset[Group]]] | None = None
+
+    def node(self, rank: int) -> NodeState:
+        """A reporting node's state, read on first use."""
+        state = self._states.get(rank)
+        if state is None:
+            state = self._states[rank] = NodeState(self.views[self.names[rank]], rank)
+            for devices, spec, counted, block in self._uses.pop(rank, ()):
+                self._apply(state, devices, spec, counted, block)
+        return state
+
+    def reporting(self) -> list[NodeState]:
+        """Every reporting node, in name order."""
+        return [self.node(r) for r in self.alive]
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    @staticmethod
+    def _apply(node: NodeState, devices: tuple[int, ...], spec: ModelSpec | None,
+               counted: bool, block: bool) -> None:
+        wanted = set(devices)
+        memory = spec.profile.memory_gb if spec is not None else None
+        shareable = spec is not None and (memory is not None or spec.profile.klass == CPU_CLASS)
+        for devs in node.by_class.values():
+            for dev in devs:
+                if dev.id not in wanted:
+                    continue
+                dev.users += 1
+                if not shareable and dev.klass != CPU_CLASS:
+                    dev.exclusive = True
+                elif memory is not None and not counted:
+                    dev.free_gb -= memory   # a ready engine's memory shows in memory_used
+        node.users += 1
+        node.blocked = node.blocked or block
+
+    def take(self, choice: Choice, spec: ModelSpec) -> None:
+        """Record a planned start, so later placements in this plan see it."""
+        multi = spec.profile.nodes > 1
+        for name, devices in ((choice.node, choice.devices), *choice.parts):
+            node = self.node(self.rank[name])
+            self._apply(node, devices, spec, counted=False, block=multi)
+            for (klass, engine), ix in self._indexes.items():
+                if klass in node.by_class and engine in node.engines:
+                    self._reindex(ix, node, klass)
+
+    def _reindex(self, ix: _Index, node: NodeState, klass: str) -> None:
+        devs = node.by_class[klass]
+        if any(d.users and not d.exclusive for d in devs) and not node.blocked:
+            ix.shared.add(node.rank)
+        else:
+            ix.shared.discard(node.rank)
+        free = sum(1 for d in devs if d.users == 0)
+        bucket = None if node.blocked or free == 0 else (node.whole, free)
+        ix.put(node.rank, node.fabric, bucket)
+
+    def index(self, klass: str, engine: str) -> _Index:
+        ix = self._indexes.get((klass, engine))
+        if ix is None:
+            ix = self._indexes[(klass, engine)] = _Index()
+            for rank in self.classes.get(klass, ()):
+                if engine not in self.views[self.names[rank]].engines:
+                    continue
+                node = self.node(rank)
+                if klass in node.by_class:      # it has a healthy one
+                    ix.members.add(node.rank)
+                    ix.maxf = max(ix.maxf, len(node.by_class[klass]))
+                    self._reindex(ix, node, klass)
+        return ix
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def holders(self, source: str) -> tuple[frozenset[int], frozenset[Group]]:
+        """Ranks of nodes holding ``source`` on their own, and fabrics sharing it (a filer
+        seen by any node of the fabric, even a silent one: the filer is still there)."""
+        if self._holders is None:
+            local: dict[str, set[int]] = {}
+            fabrics: dict[str, set[Group]] = {}
+            for name, view in self.views.items():
+                rank = self.rank[name]
+                for src in view.weights or ():
+                    local.setdefault(src, set()).add(rank)
+                for src in view.shared_weights:
+                    if view.fabric is None:     # a node without a fabric shares with itself
+                        local.setdefault(src, set()).add(rank)
+                    else:
+                        fabrics.setdefault(src, set()).add(view.fabric)
+            self._holders = {src: (frozenset(local.get(src, ())), frozenset(fabrics.get(src, ())))
+                             for src in {*local, *fabrics}}
+        return self._holders.get(source, (frozenset(), frozenset()))
+
+    def holds(self, node: NodeState, source: str) -> bool:
+        local, fabrics = self.holders(source)
+        return node.rank in local or (node.fabric is not None and node.fabric in fabrics)
+
+    # -- single-node placement -------------------------------------------------------------
+
+    @staticmethod
+    def _fit(node: NodeState, req: Request) -> _Fit | None:
+        devs = node.by_class.get(req.klass, ())
+        if not req.shareable:
+            ids = [d.id for d in devs if d.users == 0][: req.gpus]
+            return _Fit(tuple(ids), req.gpus) if len(ids) == req.gpus else None
+        need = req.memory_gb
+        ok = [d for d in devs if not d.exclusive and (need is None or d.free_gb >= need)]
+        if len(ok) < req.gpus:
+            return None
+        ok.sort(key=lambda d: (d.users == 0, d.free_gb, d.id))
+        chosen = ok[: req.gpus]
+        return _Fit(tuple(sorted(d.id for d in chosen)), sum(d.users == 0 for d in chosen))
+
+    def _choice(self, node: NodeState, fit: _Fit, req: Request,
+                on_node: dict[str, int], in_fabric: dict[str, int]) -> Choice:
+        mine = on_node.get(node.name, 0)
+        fab = mine if node.fabric is None else in_fabric.get(node.fabric, 0)
+        return Choice(node=node.name, devices=fit.devices, fabric=node.fabric,
+                      holds=self.holds(node, req.source), whole=node.whole,
+                      takes_free=fit.takes_free, left=node.free(req.klass) - fit.takes_free,
+                      on_node=mine, in_fabric=fab)
+
+    @staticmethod
+    def _key(c: Choice, rank: int, spread: bool) -> tuple[int, ...]:
+        head = (c.on_node, not c.holds, c.in_fabric) if spread else (not c.holds,)
+        return (*head, c.whole, c.takes_free, c.left, rank)
+
+    def best_single(self, req: Request) -> Choice | None:
+        """The best node for one single-node replica, or None when nothing fits.
+
+        Order: (spread: fewest replicas of the model on the node), holds the weights,
+        (spread: fewest in the fabric), not a whole node, takes fewest free devices, leaves
+        fewest free devices, node name.
+        """
+        ix = self.index(req.klass, req.engine)
+        if not ix.members:
+            return None
+        on_node, in_fabric = dict(req.on_node), dict(req.in_fabric)
+        exclude = ({self.rank[n] for n, c in on_node.items() if c and n in self.rank}
+                   if req.spread else set())
+        local, fabrics = self.holders(req.source)
+        best: tuple[tuple[int, ...], Choice] | None = None
+
+        def consider(node: NodeState, fit: _Fit | None) -> None:
+            nonlocal best
+            if fit is None:
+                return
+            choice = self._choice(node, fit, req, on_node, in_fabric)
+            key = self._key(choice, node.rank, req.spread)
+            if best is None or key < best[0]:
+                best = (key, choice)
+
+        def sweep(groups: list[Group], extra: list[int], holders_only: bool) -> None:
+            for group in groups:
+                found = self._walk(ix, group, req, exclude)
+                if found is not None:
+                    consider(*found)
+            shared = [r for r in ix.shared
+                      if not holders_only or self.holds(self.node(r), req.source)]
+            for rank in (*extra, *shared):
+                if rank in ix.members and rank not in exclude:
+                    node = self.node(rank)
+                    consider(node, self._fit(node, req))
+
+        sweep([g for g in fabrics if g in ix.buckets], sorted(local), holders_only=True)
+        if best is None:
+            sweep(list(ix.buckets), [], holders_only=False)
+        if best is None:
+            for rank in sorted(exclude & ix.members):
+                node = self.node(rank)
+                consider(node, self._fit(node, req))
+        return best[1] if best is not None else None
+
+    def _walk(self, ix: _Index, group: Group, req: Request,
+              exclude: set[int]) -> tuple[NodeState, _Fit] | None:
+        """The first node of a fabric, in bucket order, where the request fits."""
+        buckets = ix.buckets.get(group, {})
+        for whole in (False, True):
+            for free in range(req.gpus, ix.maxf + 1):
+                for rank in buckets.get((whole, free), ()):
+                    if rank in exclude:
+                        continue
+                    node = self.node(rank)
+                    fit = self._fit(node, req)
+                    if fit is not None:
+                        return node, fit
+        return None
+
+    # -- multi-node placement --------------------------------------------------------------
+
+    def whole_nodes(self, klass: str, engine: str, gpus: int) -> dict[Group, list[int]]:
+        """Whole free nodes with ``gpus`` healthy devices of the class, per fabric."""
+        ix = self.index(klass, engine)
+        out: dict[Group, list[int]] = {}
+        for group, buckets in ix.buckets.items():
+            ranks = sorted(r for (whole, free), lst in buckets.items()
+                           if whole and free >= gpus for r in lst)
+            out[group] = ranks
+        return out
+
+    def best_multi(self, req: Request) -> Choice | None:
+        """Whole nodes of one fabric for a multi-node replica, or None."""
+        in_fabric = dict(req.in_fabric)
+        best: tuple[tuple[int, int, int, str], Choice] | None = None
+        for fabric, ranks in self.whole_nodes(req.klass, req.engine, req.gpus).items():
+            if fabric is None or len(ranks) < req.nodes:
+                continue
+            chosen = sorted(ranks, key=lambda r: (not self.holds(self.node(r), req.source),
+                                                  r))[: req.nodes]
+            holders = sum(self.holds(self.node(r), req.source) for r in chosen)
+            spread = in_fabric.get(fabric, 0) if req.spread else 0
+            key = (-holders, spread, len(ranks) - req.nodes, fabric)
+            nodes = [self.node(r) for r in chosen]
+            placed = [(n.name, tuple(d.id for d in n.by_class[req.klass][: req.gpus]))
+                      for n in nodes]
+            choice = Choice(node=placed[0][0], devices=placed[0][1], fabric=fabric,
+                            holds=holders > 0, whole=True, takes_free=req.gpus,
+                            left=nodes[0].free(req.klass) - req.gpus,
+                            in_fabric=in_fabric.get(fabric, 0), parts=tuple(placed[1:]),
+                            holders=holders)
+            if best is None or key < best[0]:
+                best = (key, choice)
+        return best[1] if best is not None else None
