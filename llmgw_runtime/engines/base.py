@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ..errors import EngineError
+from ..weights.locate import resolve as resolve_weights
 
 
 @dataclass(frozen=True)
@@ -20,44 +20,25 @@ class LaunchSpec:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     health_path: str = "/health"
+    # How the agent tells it is up: "http" (GET health_path on the engine's port), "tcp"
+    # (the port accepts connections: a llama.cpp RPC worker) or "process" (alive: a
+    # headless vLLM worker). ``port`` is set when the engine must listen on a given port.
+    health: str = "http"
+    port: int | None = None
+    # Peers that must accept connections before this part starts (llama.cpp's head waits
+    # for its RPC workers).
+    wait_for: tuple[tuple[str, int], ...] = ()
 
 
 def resolve_source(source: str, weights_dirs: Sequence[str | Path] = ()) -> Path:
     """Where the weights of ``source`` are on this node.
 
-    ``file:///abs/path`` or ``/abs/path`` -> that path; ``hf://org/repo/file.gguf`` -> the
-    file of that name in one of ``weights_dirs``. Anything else raises EngineError.
+    ``file:///abs/path`` or ``/abs/path`` -> that path, as it is (the engine reports a bad
+    path in its own words); ``hf://...`` and ``https://...`` -> the first complete copy in
+    ``weights_dirs`` (see :mod:`llmgw_runtime.weights.locate`). Anything else, or nothing
+    complete found, raises EngineError naming the source and the directories looked in.
     """
-    if source.startswith("file://"):
-        parsed = urlparse(source)
-        path = unquote(parsed.path)
-        if parsed.netloc not in ("", "localhost") or not path.startswith("/"):
-            raise EngineError(f"source {source!r} is not an absolute file URL; "
-                              "write file:///absolute/path/model.gguf")
-        return Path(path)
-    if source.startswith("/"):
-        return Path(source)
-    if source.startswith("hf://"):
-        rest = source[len("hf://"):].strip("/")
-        parts = rest.split("/")
-        if len(parts) < 3 or not all(parts):
-            raise EngineError(f"source {source!r} must be hf://org/repo/file (e.g. "
-                              "hf://Qwen/Qwen2.5-7B-Instruct-GGUF/qwen2.5-7b-instruct-q4_k_m.gguf)")
-        relative = "/".join(parts[2:])
-        name = parts[-1]
-        for d in weights_dirs:
-            base = Path(d).expanduser()
-            for candidate in (base / relative, base / name, base / parts[0] / parts[1] / relative):
-                if candidate.exists():
-                    return candidate
-        looked = ", ".join(str(d) for d in weights_dirs) or "no directories (none configured)"
-        raise EngineError(
-            f"source {source!r}: {name} was not found in the weights directories "
-            f"({looked}); download it into one of them, or set LLMGW_WEIGHTS_DIRS to the "
-            "directory that holds it")
-    raise EngineError(f"source {source!r} is not supported on this node; use "
-                      "file:///absolute/path, an absolute path, or hf://org/repo/file "
-                      "with the file in a weights directory")
+    return resolve_weights(source, weights_dirs, check_files=False)
 
 
 # Variables that choose devices; an engine gets only the ones llmgw sets.
@@ -100,8 +81,40 @@ def assignment_args(assignment: Mapping[str, Any]) -> list[str]:
     return list(args)
 
 
+def profile_sizes(assignment: Mapping[str, Any]) -> tuple[int, int]:
+    """(tensor parallel, pipeline parallel) sizes of the assignment's profile."""
+    profile = assignment.get("profile") or {}
+    return int(profile.get("tp") or 1), int(profile.get("pp") or 1)
+
+
+def peers_of(assignment: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """(rank, address) of every part of a multi-node replica, rank order; an address the
+    control service does not know yet is an error naming the node."""
+    out = []
+    for peer in sorted(assignment.get("peers") or [], key=lambda p: p.get("rank", 0)):
+        if not peer.get("address"):
+            raise EngineError(f"replica {assignment.get('replica_id')}: node "
+                              f"{peer.get('node')!r} (rank {peer.get('rank')}) has no "
+                              "address; set LLMGW_ADDRESS on its agent")
+        out.append((int(peer["rank"]), str(peer["address"])))
+    return out
+
+
+def rendezvous(assignment: Mapping[str, Any]) -> int:
+    port = assignment.get("rendezvous_port")
+    if not isinstance(port, int):
+        raise EngineError(f"replica {assignment.get('replica_id')}: a multi-node part needs "
+                          "a rendezvous_port from the control service")
+    return port
+
+
+def has_flag(args: Sequence[str], *flags: str) -> bool:
+    return any(a == f or a.startswith(f + "=") for a in args for f in flags)
+
+
 class EngineDriver(ABC):
-    """Builds the command line of one engine kind (``llama.cpp``, ``vllm``)."""
+    """Builds the command line of one engine kind (``llama.cpp``, ``vllm``). A multi-node
+    replica has a part per node: rank 0 (the head) serves HTTP, the others are workers."""
 
     name = "abstract"
     health_path = "/health"
@@ -109,7 +122,13 @@ class EngineDriver(ABC):
     @abstractmethod
     def launch(self, assignment: Mapping[str, Any], *, host: str, port: int,
                weights_dirs: Sequence[str | Path] = ()) -> LaunchSpec:
-        """The argv, environment changes and health path for ``assignment``."""
+        """The argv, environment changes and health check for ``assignment`` (a single-node
+        replica, or the head of a multi-node one)."""
+
+    @abstractmethod
+    def launch_worker(self, assignment: Mapping[str, Any], *,
+                      weights_dirs: Sequence[str | Path] = ()) -> LaunchSpec:
+        """The same for a worker part (``role: worker``) of a multi-node replica."""
 
     @staticmethod
     def _executable_exists(path: str) -> bool:
