@@ -18,7 +18,9 @@ from .errors import CatalogError
 
 ENGINES = ("llama.cpp", "vllm")
 MODEL_FIELDS = ("name", "source", "engine", "profile", "replicas", "on_demand",
-                "idle_stop_after", "args")
+                "idle_stop_after", "args", "strategy", "sha256", "size_bytes")
+STRATEGIES = ("binpack", "spread")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 PROFILE_FIELDS = ("class", "gpus", "tp", "pp", "nodes", "memory_gb")
 SOURCE_SCHEMES = ("file://", "hf://", "https://", "http://")
 # What a client can put in "model" and the router can route: no spaces, no leading slash.
@@ -59,13 +61,21 @@ class ModelSpec:
     on_demand: bool = False
     idle_stop_after_s: float | None = None
     args: tuple[str, ...] = field(default_factory=tuple)
+    strategy: str = "binpack"           # binpack | spread (replicas on different nodes)
+    sha256: str | None = None           # checked after a download, when given
+    size_bytes: int | None = None       # checked after a download, when given
 
     @property
     def definition_hash(self) -> str:
-        """Changes when source, engine, profile or args change (a new definition unparks)."""
-        body = json.dumps({"source": self.source, "engine": self.engine,
-                           "profile": self.profile.to_dict(), "args": list(self.args)},
-                          sort_keys=True)
+        """Changes when source (with its checksum and size), engine, profile or args change
+        (a new definition unparks). The strategy is not part of the definition."""
+        fields: dict[str, Any] = {"source": self.source, "engine": self.engine,
+                                  "profile": self.profile.to_dict(), "args": list(self.args)}
+        if self.sha256 is not None:
+            fields["sha256"] = self.sha256
+        if self.size_bytes is not None:
+            fields["size_bytes"] = self.size_bytes
+        body = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,12 +194,30 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
         problems.append(f"{who}: args must be a list of strings like "
                         "[\"--ctx-size\", \"8192\"], not {args!r}")
         args = []
+    strategy = raw.get("strategy", "binpack")
+    if strategy not in STRATEGIES:
+        problems.append(f"{who}: strategy {strategy!r} is unknown; use binpack (fill busy "
+                        "nodes first, the default) or spread (replicas on different nodes)")
+    sha256 = raw.get("sha256")
+    if sha256 is not None and (not isinstance(sha256, str)
+                               or not SHA256_RE.match(sha256.lower())):
+        problems.append(f"{who}: sha256 must be 64 hexadecimal digits (sha256sum's output), "
+                        f"not {sha256!r}")
+    size = raw.get("size_bytes")
+    if size is not None:
+        size = _int(problems, f"{who}: size_bytes", size, 1)
+    if (sha256 is not None or size is not None) and isinstance(source, str) \
+            and source.startswith("hf://"):
+        problems.append(f"{who}: sha256 and size_bytes apply to https:// and file:// "
+                        "sources; huggingface_hub checks hf:// downloads itself")
     if len(problems) > before or profile is None:
         return None
     assert isinstance(name, str) and isinstance(source, str) and isinstance(engine, str)
     return ModelSpec(name=name, source=source, engine=engine, profile=profile,
                      replicas=replicas, on_demand=bool(on_demand), idle_stop_after_s=idle_s,
-                     args=tuple(str(a) for a in args))
+                     args=tuple(str(a) for a in args), strategy=str(strategy),
+                     sha256=sha256.lower() if isinstance(sha256, str) else None,
+                     size_bytes=size)
 
 
 def validate(document: Any) -> list[ModelSpec]:
@@ -247,4 +275,6 @@ def spec_from_row(row: Any) -> ModelSpec:
                       memory_gb=prof.get("memory_gb"))
     return ModelSpec(name=row.name, source=row.source, engine=row.engine, profile=profile,
                      replicas=row.replicas, on_demand=bool(row.on_demand),
-                     idle_stop_after_s=row.idle_stop_after_s, args=tuple(json.loads(row.args)))
+                     idle_stop_after_s=row.idle_stop_after_s, args=tuple(json.loads(row.args)),
+                     strategy=row.strategy or "binpack", sha256=row.sha256,
+                     size_bytes=row.size_bytes)

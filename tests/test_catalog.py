@@ -102,3 +102,23 @@ def test_definition_hash_changes_with_args_not_with_replicas() -> None:
     [b] = catalog.validate({"models": [entry(replicas=3)]})
     [c] = catalog.validate({"models": [entry(args=["--ctx-size", "4096"])]})
     assert a.definition_hash == b.definition_hash != c.definition_hash
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"strategy": "random"}, "strategy 'random' is unknown; use binpack"),
+    ({"source": "https://x/m.gguf", "sha256": "abc"}, "sha256 must be 64 hexadecimal digits"),
+    ({"source": "https://x/m.gguf", "size_bytes": 0}, "size_bytes must be at least 1"),
+    ({"source": "hf://Org/Repo/m.gguf", "sha256": "a" * 64},
+     "huggingface_hub checks hf:// downloads itself"),
+])
+def test_placement_and_download_fields_are_checked(over: dict[str, object], words: str) -> None:
+    assert any(words in m for m in problems(entry(**over)))
+
+
+def test_checksum_is_part_of_the_definition_but_strategy_is_not() -> None:
+    base = {"source": "https://x/m.gguf"}
+    [plain] = catalog.validate({"models": [entry(**base)]})
+    [spread] = catalog.validate({"models": [entry(strategy="spread", **base)]})
+    [summed] = catalog.validate({"models": [entry(sha256="A" * 64, **base)]})
+    assert spread.strategy == "spread" and spread.definition_hash == plain.definition_hash
+    assert summed.sha256 == "a" * 64 and summed.definition_hash != plain.definition_hash

@@ -2,8 +2,8 @@
 
 from .client import ControlClient, ControlError
 from .config import AgentConfig, load_config
-from .loop import Agent, run, weights_seen
+from .loop import Agent, run
 from .supervisor import Replica, Supervisor
 
 __all__ = ["Agent", "AgentConfig", "ControlClient", "ControlError", "Replica", "Supervisor",
-           "load_config", "run", "weights_seen"]
+           "load_config", "run"]

@@ -28,8 +28,13 @@ class AgentConfig:
     state_dir: Path = field(default_factory=_default_state_dir)
     devices: str = "auto"
     llama_server_binary: str | None = None
+    llama_rpc_binary: str | None = None   # llama.cpp's rpc-server, for multi-node workers
     vllm_python: str | None = None
+    # Where to look for weights (and download them to: the first writable one). Told
+    # nothing, the agent reports no weights and downloads into <state_dir>/weights.
     weights_dirs: tuple[str, ...] = ()
+    hf_token: str = field(default="", repr=False)   # for hf:// sources; never logged
+    weights_scan_interval_s: float = 30.0   # how often the weights dirs are looked at
     report_interval_s: float = 2.0
     start_timeout_s: float = 120.0
     stop_engines_on_exit: bool = False
@@ -66,6 +71,11 @@ class AgentConfig:
     def run_dir(self) -> Path:
         """Where engine records and logs live."""
         return Path(self.state_dir).expanduser() / "run"
+
+    @property
+    def fetch_dir(self) -> Path:
+        """Where weights are downloaded when no weights_dirs are configured."""
+        return Path(self.state_dir).expanduser() / "weights"
 
     @property
     def credential_path(self) -> Path:

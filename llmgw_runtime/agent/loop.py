@@ -6,7 +6,6 @@ import logging
 import signal
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -14,37 +13,12 @@ from .. import __version__
 from ..devices import DeviceSource, Discovery, source_from_spec
 from ..engines import drivers_from_config
 from ..errors import LlmgwError
+from ..weights.scan import Scanner
 from .client import ControlClient
 from .config import AgentConfig
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
-
-MAX_SEEN = 500
-
-
-def weights_seen(dirs: Sequence[str | Path]) -> list[str]:
-    """What each weights directory holds at its top level: model files (``.gguf``,
-    ``.safetensors``) and non-empty sub-directories. An empty directory is not weights."""
-    seen: list[str] = []
-    for d in dirs:
-        base = Path(d).expanduser()
-        try:
-            entries = sorted(base.iterdir())
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_file() and entry.suffix in (".gguf", ".safetensors", ".bin"):
-                    seen.append(str(entry))
-                elif entry.is_dir() and any(entry.iterdir()):
-                    seen.append(str(entry))
-            except OSError:
-                continue
-            if len(seen) >= MAX_SEEN:
-                return seen
-    return seen
-
 
 class Agent:
     """One node's agent. ``run_cycle`` does one report round; the parts are passed in."""
@@ -58,13 +32,20 @@ class Agent:
         self.engines = list(engines)
         self.interval_s = config.report_interval_s
         self._last_problem: str | None = None
+        # The catalog's sources, sent by the control service when they change; looked for
+        # in the weights directories (only when the agent has some).
+        self.sources: list[str] = []
+        self.sources_hash = ""
+        self.scanner = Scanner(config.weights_dirs, interval_s=config.weights_scan_interval_s)
 
     @classmethod
     def from_config(cls, config: AgentConfig) -> Agent:
-        drivers = drivers_from_config(config.llama_server_binary, config.vllm_python)
+        drivers = drivers_from_config(config.llama_server_binary, config.vllm_python,
+                                      config.llama_rpc_binary)
         supervisor = Supervisor(config.run_dir, drivers, host=config.engine_host,
                                 weights_dirs=config.weights_dirs,
-                                start_timeout_s=config.start_timeout_s)
+                                start_timeout_s=config.start_timeout_s,
+                                fetch_dir=config.fetch_dir, hf_token=config.hf_token or None)
         client = ControlClient(config.control_url, config.join_token, config.node_name,
                                config.credential_path, ca_certs=config.ca_file or None)
         return cls(config, source=source_from_spec(config.devices), supervisor=supervisor,
@@ -89,10 +70,17 @@ class Agent:
             "driver_version": discovery.driver_version,
             "cards": [card.to_dict() for card in discovery.cards],
             "engines": self.engines,
-            "weights": {"dirs": list(self.config.weights_dirs),
-                        "seen": weights_seen(self.config.weights_dirs)},
             "replicas": self.supervisor.states(),
+            **self._weights(),
         }
+
+    def _weights(self) -> dict[str, Any]:
+        """The weights part of the report: nothing when told no directories."""
+        if not self.config.weights_dirs:
+            return {"weights": {}}
+        if self.supervisor.downloads_finished():
+            self.scanner.invalidate()       # a download just completed: look again now
+        return {"weights": self.scanner.scan(self.sources), "sources_hash": self.sources_hash}
 
     def _note_problems(self, problems: list[str]) -> None:
         text = "; ".join(problems) or None
@@ -112,6 +100,10 @@ class Agent:
             if not isinstance(assignments, list):
                 raise LlmgwError("report answer: 'assignments' is not a list")
             self.supervisor.apply(assignments)
+            sources = answer.get("sources")
+            if isinstance(sources, list) and all(isinstance(x, str) for x in sources):
+                self.sources = sources
+                self.sources_hash = str(answer.get("sources_hash") or "")
             interval = answer.get("report_interval_s")
             if isinstance(interval, (int, float)) and interval > 0:
                 self.interval_s = float(interval)

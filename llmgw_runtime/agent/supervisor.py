@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,13 +24,14 @@ from typing import Any
 import urllib3
 
 from ..engines import EngineDriver
-from ..engines.base import DEVICE_VARIABLES
+from ..engines.base import DEVICE_VARIABLES, LaunchSpec, peers_of
 from ..errors import LlmgwError
+from ..weights.fetch import FetchManager
 from .procs import free_port, pid_alive, proc_start_time, tail_lines
 
 log = logging.getLogger(__name__)
 
-STARTING, READY, FAILED, STOPPED = "starting", "ready", "failed", "stopped"
+FETCHING, STARTING, READY, FAILED, STOPPED = "fetching", "starting", "ready", "failed", "stopped"
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -59,10 +61,16 @@ class Replica:
     state: str = STARTING
     last_error: str | None = None
     popen: subprocess.Popen[bytes] | None = None
+    health: str = "http"                 # http | tcp | process (engines.base.LaunchSpec)
+    assignment: Mapping[str, Any] | None = None   # kept until the engine is launched
+    progress: dict[str, Any] | None = None        # while fetching its weights
 
     def to_state(self) -> dict[str, Any]:
-        return {"id": self.replica_id, "model": self.model, "state": self.state,
-                "port": self.port, "pid": self.pid, "last_error": self.last_error}
+        out: dict[str, Any] = {"id": self.replica_id, "model": self.model, "state": self.state,
+               "port": self.port, "pid": self.pid, "last_error": self.last_error}
+        if self.state == FETCHING and self.progress is not None:
+            out["progress"] = self.progress
+        return out
 
 
 class Supervisor:
@@ -71,12 +79,21 @@ class Supervisor:
     def __init__(self, run_dir: str | Path, drivers: Mapping[str, EngineDriver], *,
                  host: str = "127.0.0.1", weights_dirs: Sequence[str | Path] = (),
                  start_timeout_s: float = 120.0, stop_grace_s: float = 10.0,
-                 health_timeout_s: float = 1.0, clock: Callable[[], float] = time.time):
+                 health_timeout_s: float = 1.0, clock: Callable[[], float] = time.time,
+                 fetch_dir: str | Path | None = None, hf_token: str | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.drivers = dict(drivers)
         self.host = host
-        self.weights_dirs = list(weights_dirs)
+        # Weights are looked for in the configured directories and downloaded into the first
+        # writable one; with none usable, into ``fetch_dir`` (next to the run directory).
+        fallback = Path(fetch_dir or self.run_dir.parent / "weights")
+        self.weights_dirs = [str(d) for d in weights_dirs] + [str(fallback)]
+        self._configured_dirs = [str(d) for d in weights_dirs]
+        self.fetches = FetchManager(fallback_dir=fallback)
+        self.hf_token = hf_token
+        self.health_timeout_s = health_timeout_s
+        self._downloaded = False
         self.start_timeout_s = start_timeout_s
         self.stop_grace_s = stop_grace_s
         self.clock = clock
@@ -94,8 +111,8 @@ class Supervisor:
     def _write_record(self, rep: Replica) -> None:
         record = {"replica_id": rep.replica_id, "model": rep.model, "engine": rep.engine,
                   "pid": rep.pid, "port": rep.port, "host": rep.host, "argv": rep.argv,
-                  "health_path": rep.health_path, "started": rep.started,
-                  "proc_start": rep.proc_start}
+                  "health_path": rep.health_path, "health": rep.health,
+                  "started": rep.started, "proc_start": rep.proc_start}
         path = self.record_path(rep.replica_id)
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
@@ -113,48 +130,102 @@ class Supervisor:
 
     # -- start -------------------------------------------------------------------------
     def start(self, assignment: Mapping[str, Any]) -> dict[str, Any]:
-        """Start the engine of ``assignment`` (docs/api.md); a replica that cannot start is
+        """Start the engine of ``assignment`` (docs/api.md): fetch its weights when this node
+        has none, wait for the peers it needs, then launch. A replica that cannot start is
         recorded as failed with the reason. Returns its state."""
         rid = str(assignment["replica_id"])
         if rid in self._replicas:
             return self._replicas[rid].to_state()
-        engine = str(assignment.get("engine", ""))
         now = self.clock()
-        rep = Replica(replica_id=rid, model=str(assignment.get("model", "")), engine=engine,
-                      host=self.host, started=now, since=now)
+        rep = Replica(replica_id=rid, model=str(assignment.get("model", "")),
+                      engine=str(assignment.get("engine", "")), host=self.host, started=now,
+                      since=now, assignment=assignment)
         self._replicas[rid] = rep
+        self._advance(rep)
+        return rep.to_state()
+
+    def _advance(self, rep: Replica) -> None:
+        """Move a replica that has no process yet along: weights, peers, launch."""
+        assignment = rep.assignment
+        assert assignment is not None
         try:
-            driver = self.drivers.get(engine)
+            driver = self.drivers.get(rep.engine)
             if driver is None:
-                raise LlmgwError(f"engine {engine!r} is not installed on this node (installed: "
-                                 f"{', '.join(sorted(self.drivers)) or 'none'})")
-            rep.port = free_port(self.host)
-            spec = driver.launch(assignment, host=self.host, port=rep.port,
-                                 weights_dirs=self.weights_dirs)
-            rep.argv, rep.health_path = list(spec.argv), spec.health_path
-            env = inherited_env(os.environ)
-            env.update(spec.env)
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-            with open(self.log_path(rid), "ab") as logf:
-                logf.write(f"--- llmgw: starting {rid} ({rep.model}) at {time.ctime(now)}: "
-                           f"{' '.join(spec.argv)}\n".encode())
-                logf.flush()
-                rep.popen = subprocess.Popen(
-                    spec.argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                    env=env, cwd=str(self.run_dir), start_new_session=True, close_fds=True)
-            rep.pid = rep.popen.pid
-            rep.proc_start = proc_start_time(rep.pid)
-            self._write_record(rep)
-            log.info("started replica %s (%s, %s) pid %s port %s", rid, rep.model, engine,
-                     rep.pid, rep.port)
-        except (LlmgwError, OSError, KeyError) as exc:
+                raise LlmgwError(f"engine {rep.engine!r} is not installed on this node "
+                                 f"(installed: {', '.join(sorted(self.drivers)) or 'none'})")
+            source = str(assignment.get("source", ""))
+            fetch = None if source.startswith(("file://", "/")) else self.fetches.ensure(
+                rep.replica_id, source, self._configured_dirs,
+                sha256=assignment.get("sha256"), size_bytes=assignment.get("size_bytes"),
+                token=self.hf_token)
+            # file:// is used in place: the engine says best what is wrong with the file
+            if fetch is None:
+                pass
+            elif fetch.state == "fetching":
+                rep.state, rep.progress = FETCHING, fetch.progress()
+                return
+            elif fetch.state == "failed":
+                self.fetches.forget(rep.replica_id)
+                raise LlmgwError(fetch.error or "fetching the weights failed")
+            else:
+                self.fetches.forget(rep.replica_id)
+            if rep.state == FETCHING:
+                self._downloaded = True
+            rep.state, rep.progress = STARTING, None
+            if assignment.get("role") == "worker":
+                spec = driver.launch_worker(assignment, weights_dirs=self.weights_dirs)
+                rep.port = spec.port
+                if spec.health == "tcp":
+                    rep.host = dict(peers_of(assignment)).get(int(assignment["rank"]),
+                                                              self.host)
+            else:
+                rep.port = rep.port or free_port(self.host)
+                spec = driver.launch(assignment, host=self.host, port=rep.port,
+                                     weights_dirs=self.weights_dirs)
+            missing = [f"{h}:{p}" for h, p in spec.wait_for if not self._accepts(h, p)]
+            if missing:
+                if self.clock() - rep.since > self.start_timeout_s:
+                    raise LlmgwError(f"the workers {', '.join(missing)} did not accept "
+                                     f"connections within {self.start_timeout_s:g} s")
+                rep.last_error = f"waiting for workers: {', '.join(missing)}"
+                return
+            self._launch(rep, spec)
+        except (LlmgwError, OSError, KeyError, ValueError) as exc:
             message = exc.message if isinstance(exc, LlmgwError) else str(exc)
             if rep.popen is not None:
                 self._terminate(rep)
-            rep.state, rep.last_error = FAILED, message
-            log.warning("replica %s (%s) cannot start: %s", rid, rep.model, message)
-        return rep.to_state()
+            rep.state, rep.last_error, rep.assignment = FAILED, message, None
+            log.warning("replica %s (%s) cannot start: %s", rep.replica_id, rep.model, message)
+
+    def _launch(self, rep: Replica, spec: LaunchSpec) -> None:
+        rid = rep.replica_id
+        rep.argv, rep.health_path, rep.health = list(spec.argv), spec.health_path, spec.health
+        rep.last_error = None
+        env = inherited_env(os.environ)
+        env.update(spec.env)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+        now = self.clock()
+        with open(self.log_path(rid), "ab") as logf:
+            logf.write(f"--- llmgw: starting {rid} ({rep.model}) at {time.ctime(now)}: "
+                       f"{' '.join(spec.argv)}\n".encode())
+            logf.flush()
+            rep.popen = subprocess.Popen(
+                spec.argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                env=env, cwd=str(self.run_dir), start_new_session=True, close_fds=True)
+        rep.pid = rep.popen.pid
+        rep.proc_start = proc_start_time(rep.pid)
+        rep.since, rep.assignment = now, None
+        self._write_record(rep)
+        log.info("started replica %s (%s, %s) pid %s port %s", rid, rep.model, rep.engine,
+                 rep.pid, rep.port)
+
+    def _accepts(self, host: str, port: int) -> bool:
+        try:
+            with socket.create_connection((host, port), timeout=self.health_timeout_s):
+                return True
+        except OSError:
+            return False
 
     # -- watch -------------------------------------------------------------------------
     def _alive(self, rep: Replica) -> bool:
@@ -163,6 +234,10 @@ class Supervisor:
         return rep.pid is not None and pid_alive(rep.pid, rep.proc_start)
 
     def _healthy(self, rep: Replica) -> bool:
+        if rep.health == "process":
+            return True
+        if rep.health == "tcp":
+            return rep.port is not None and self._accepts(rep.host, rep.port)
         url = f"http://{rep.host}:{rep.port}{rep.health_path}"
         try:
             return int(self._http.request("GET", url).status) == 200
@@ -181,6 +256,9 @@ class Supervisor:
         """Move each replica along: starting -> ready on health 200; failed when the
         process exits or is not healthy within the start timeout."""
         for rep in list(self._replicas.values()):
+            if rep.assignment is not None and rep.state in (FETCHING, STARTING):
+                self._advance(rep)          # not launched yet: weights or peers pending
+                continue
             if rep.state not in (STARTING, READY):
                 continue
             if not self._alive(rep):
@@ -199,6 +277,11 @@ class Supervisor:
         """The replica states to report (docs/api.md), refreshed now."""
         self.refresh()
         return [rep.to_state() for rep in self._replicas.values()]
+
+    def downloads_finished(self) -> bool:
+        """Whether a download completed since the last call (the weights report is stale)."""
+        done, self._downloaded = self._downloaded, False
+        return done
 
     def get(self, replica_id: str) -> dict[str, Any] | None:
         rep = self._replicas.get(replica_id)
@@ -252,6 +335,7 @@ class Supervisor:
         rep = self._replicas.pop(replica_id, None)
         if rep is None:
             return False
+        self.fetches.cancel(replica_id)     # a partial download stays, to be resumed
         self._terminate(rep)
         self._remove_files(replica_id)
         log.info("stopped replica %s (%s)", replica_id, rep.model)
@@ -288,7 +372,8 @@ class Supervisor:
             rid = path.stem
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
-                pid, port = int(data["pid"]), int(data["port"])
+                pid = int(data["pid"])
+                port = int(data["port"]) if data.get("port") is not None else None
                 start = data.get("proc_start")
                 rep = Replica(replica_id=str(data["replica_id"]), model=str(data["model"]),
                               engine=str(data.get("engine", "")),
@@ -296,6 +381,7 @@ class Supervisor:
                               proc_start=int(start) if start is not None else None,
                               argv=list(data.get("argv", [])),
                               health_path=str(data.get("health_path", "/health")),
+                              health=str(data.get("health", "http")),
                               started=float(data.get("started", now)), since=now)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("removing unreadable engine record %s: %s", path, exc)

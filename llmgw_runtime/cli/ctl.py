@@ -108,12 +108,46 @@ def replicas(ctx: click.Context, fmt: str) -> None:
     """Replicas: where each runs, its state and last error."""
     data = client(ctx).get("/api/v1/replicas")
     now = time.time()
-    rows = [(r["id"], r["model"], r["node"], ",".join(map(str, r["devices"])), r["port"],
-             r["state"], ago(r["started"], now), ago(r["last_used"], now),
+    rows = [(r["id"], r["model"], where(r), r["port"], state_text(r),
+             ago(r["started"], now), ago(r["last_used"], now),
              (r["last_error"] or "").splitlines()[-1][:80] if r["last_error"] else "")
             for r in data["replicas"]]
-    emit(data, rows, ("REPLICA", "MODEL", "NODE", "DEVICES", "PORT", "STATE", "STARTED",
+    emit(data, rows, ("REPLICA", "MODEL", "NODE:DEVICES", "PORT", "STATE", "STARTED",
                       "LAST USED", "LAST ERROR"), fmt)
+
+
+def where(replica: dict[str, Any]) -> str:
+    """``gpu-01:0,1`` or, for a multi-node replica, ``gpu-01:0-7 +gpu-02:0-7``."""
+    spots = [(replica["node"], replica["devices"])] + [
+        (p["node"], p["devices"]) for p in replica.get("parts") or []]
+    return " +".join(f"{node}:{','.join(map(str, devs))}" for node, devs in spots)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def state_text(replica: dict[str, Any]) -> str:
+    """The state, with download progress while fetching (``fetching 1.2 GB/4.0 GB 30%
+    at 85.0 MB/s``) and failed parts of a multi-node replica."""
+    text = replica["state"]
+    progress = replica.get("progress") or {}
+    if replica["state"] == "fetching" and progress:
+        done, total = progress.get("bytes") or 0, progress.get("total")
+        text += f" {human_bytes(done)}"
+        if total:
+            text += f"/{human_bytes(total)} {100 * done / total:.0f}%"
+        if progress.get("rate_bps"):
+            text += f" at {human_bytes(progress['rate_bps'])}/s"
+    waiting = [str(p["rank"]) for p in replica.get("parts") or []
+               if p["state"] not in ("ready",)]
+    if waiting and replica["state"] != "failed":
+        text += f" (parts not ready: {', '.join(waiting)})"
+    return text
 
 
 @ctl.command()
@@ -157,9 +191,19 @@ def status(ctx: click.Context, fmt: str) -> None:
     if unusable:
         click.echo("\ncards that can run nothing:\n" + unusable)
     click.echo("\n" + table([(m["name"], m["state"] + (" (on demand)" if m["on_demand"] else ""),
-                               f"{m['ready']}/{m['wanted']}", m["reason"] or "")
+                               f"{m['ready']}/{m['wanted']}",
+                               ",".join(m.get("fabrics_with_weights") or []) or "-",
+                               m["reason"] or "")
                               for m in data["models"]],
-                             ("MODEL", "STATE", "READY", "REASON")))
+                             ("MODEL", "STATE", "READY", "WEIGHTS IN", "REASON")))
+    if data.get("fabrics"):
+        click.echo("\n" + fabric_table(data["fabrics"]))
+
+
+def fabric_table(fabrics: dict[str, Any]) -> str:
+    """Per fabric: nodes reporting and the models whose weights it already holds."""
+    return table([(name, f"{f['reporting']}/{f['nodes']}", ", ".join(f["models"]) or "-")
+                  for name, f in fabrics.items()], ("FABRIC", "NODES", "HOLDS WEIGHTS OF"))
 
 
 def device_table(devices: dict[str, dict[str, int]]) -> str:
@@ -193,14 +237,19 @@ def plan(ctx: click.Context, fmt: str) -> None:
     unusable = unusable_lines(data["cards_unusable"])
     if unusable:
         click.echo("\ncards that can run nothing:\n" + unusable)
+    if data.get("fabrics"):
+        click.echo("\n" + fabric_table(data["fabrics"]))
     click.echo("")
     if not (data["starts"] or data["stops"] or data["unplaceable"]):
         click.echo("nothing to do: every model has what it wants")
+    models_ = data.get("models") or {}
     for start in data["starts"]:
-        click.echo(f"start {start['model']} on {start['node']} device(s) "
-                   f"{','.join(map(str, start['devices']))}")
-    for replica in data["stops"]:
-        click.echo(f"stop {replica}")
+        held = models_.get(start["model"], {}).get("fabrics_with_weights") or []
+        click.echo(f"start {start['model']} on {where(start)}"
+                   + (f": {start['why']}" if start.get("why") else "")
+                   + ("" if held else " (no fabric holds its weights: the agent fetches them)"))
+    for stop in data["stops"]:
+        click.echo(f"stop {stop['replica']} ({stop['model']} on {stop['node']}): {stop['why']}")
     for model, reason in data["unplaceable"].items():
         click.echo(f"cannot place {model}: {reason}")
 

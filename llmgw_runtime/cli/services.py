@@ -56,7 +56,11 @@ def migrate(config: Any) -> None:
 @click.option("--control-url", default=None)
 @click.option("--node-name", default=None)
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None)
-@click.option("--devices", default=None, help="cpu | fake:FILE | none")
+@click.option("--devices", default=None, help="auto | nvml | nvidia-smi | cpu | fake:FILE | none")
+@click.option("--fabric", default=None,
+              help="the interconnect this node is on (multi-node replicas stay in one)")
+@click.option("--weights-dir", "weights_dirs", multiple=True,
+              help="a directory to look for weights in and download to (repeatable)")
 @click.option("--stop-engines-on-exit", is_flag=True, default=None,
               help="stop engines when the agent exits (llmgw up); by default they keep "
                    "serving and the next agent adopts them")
@@ -65,6 +69,7 @@ def agent(**flags: Any) -> None:
     from ..agent.config import AgentConfig
     from ..agent.loop import run
 
+    flags["weights_dirs"] = tuple(flags["weights_dirs"]) or None
     config = friendly(lambda: settings.load(AgentConfig, **flags))
     friendly(lambda: run(config))
 

@@ -128,6 +128,9 @@ def _wait_ready(admin: Client, children: list[Child], timeout: float) -> list[di
         for child in children:
             if not child.alive():
                 raise click.ClickException(f"the {child.name} exited:\n{child.tail()}")
+        if not any(n["last_report"] for n in admin.get("/api/v1/nodes")["nodes"]):
+            time.sleep(0.2)     # until the agent reports, every model looks unplaceable
+            continue
         models = admin.get("/api/v1/models")["models"]
         for m in models:
             line = m["state"] + (f": {m['reason']}" if m["reason"] else "")

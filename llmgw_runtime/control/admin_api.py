@@ -96,7 +96,8 @@ def nodes() -> Any:
 @require("admin")
 def replicas() -> Any:
     with store().begin() as conn:
-        return jsonify({"replicas": [repo.replica_to_dict(r)
+        parts = repo.parts_by_replica(conn)
+        return jsonify({"replicas": [repo.replica_to_dict(r, parts.get(r.id))
                                      for r in repo.list_replicas(conn)]})
 
 

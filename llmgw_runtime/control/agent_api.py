@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from typing import Any
 
 from flask import Blueprint, current_app, g, jsonify
@@ -10,11 +12,25 @@ from flask import Blueprint, current_app, g, jsonify
 from ..errors import ForbiddenError, ValidationError
 from ..security import hash_token, new_token
 from ..store import repo
+from .assignments import assignments_for, part_id
 from .web import clock, json_body, require, store
 
 bp = Blueprint("agent", __name__, url_prefix="/api/v1/agent")
 
-REPORTED_STATES = ("starting", "ready", "failed", "stopped")
+REPORTED_STATES = ("fetching", "starting", "ready", "failed", "stopped")
+SOURCES_TTL_S = 5.0
+_sources_cache: dict[str, Any] = {"at": -1e9, "sources": [], "hash": ""}
+
+
+def catalog_sources(conn: Any) -> tuple[list[str], str]:
+    """The catalog's sources and their hash, re-read at most every few seconds per process
+    (agents look for these in their weights directories)."""
+    now = time.monotonic()
+    if now - _sources_cache["at"] > SOURCES_TTL_S:
+        sources = sorted({m.source for m in repo.list_models(conn)})
+        digest = hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
+        _sources_cache.update(at=now, sources=sources, hash=digest)
+    return _sources_cache["sources"], _sources_cache["hash"]
 
 
 @bp.post("/join")
@@ -35,9 +51,9 @@ def join() -> Any:
 def _check_report(body: dict[str, Any]) -> list[str]:
     problems = []
     for key, kind in (("devices", list), ("replicas", list), ("engines", list),
-                      ("cards", list), ("device_problems", list)):
-        if not isinstance(body.get(key, []), kind):
-            problems.append(f"{key} must be a list")
+                      ("cards", list), ("device_problems", list), ("weights", dict)):
+        if not isinstance(body.get(key, kind()), kind):
+            problems.append(f"{key} must be a {'list' if kind is list else 'mapping'}")
     for i, dev in enumerate(body.get("devices") or []):
         if not isinstance(dev, dict) or not isinstance(dev.get("id"), int) \
                 or not isinstance(dev.get("class"), str):
@@ -48,7 +64,64 @@ def _check_report(body: dict[str, Any]) -> list[str]:
         elif rep.get("state") not in REPORTED_STATES:
             problems.append(f"replicas[{i}].state {rep.get('state')!r} is not one of "
                             f"{', '.join(REPORTED_STATES)}")
+        elif rep.get("progress") is not None and not isinstance(rep.get("progress"), dict):
+            problems.append(f"replicas[{i}].progress must be a mapping")
     return problems
+
+
+def _progress(rep: dict[str, Any]) -> str | None:
+    progress = rep.get("progress")
+    if rep["state"] != "fetching" or not isinstance(progress, dict):
+        return None
+    keep = {k: progress.get(k) for k in ("bytes", "total", "rate_bps")
+            if isinstance(progress.get(k), int | float) and not isinstance(progress.get(k), bool)}
+    return json.dumps(keep)
+
+
+def _apply_heads(conn: Any, node: str, reported: dict[str, Any], now: float) -> None:
+    for row in repo.list_replicas(conn, node=node):
+        rep = reported.get(row.id)
+        if rep is None:
+            if not row.desired:
+                repo.delete_replica(conn, row.id)        # stopped as asked
+            elif row.state in ("fetching", "starting", "ready"):
+                repo.update_replica(
+                    conn, row.id, state="failed", updated=now,
+                    last_error=f"the agent on {row.node} no longer runs this replica")
+            continue
+        if not row.desired or row.state == "failed":
+            continue
+        state = rep["state"] if rep["state"] != "stopped" else "failed"
+        values: dict[str, Any] = {"state": state, "port": rep.get("port"),
+                                  "pid": rep.get("pid"), "updated": now,
+                                  "progress": _progress(rep)}
+        if state == "failed":
+            values["last_error"] = rep.get("last_error") or "the engine stopped"
+        if all(getattr(row, k) == v for k, v in values.items() if k != "updated"):
+            continue                                     # nothing new: no write
+        repo.update_replica(conn, row.id, **values)
+        if state != row.state and state in ("ready", "failed"):
+            repo.add_event(conn, now, state, row.model,
+                           f"replica {row.id} on {row.node} is {state}"
+                           + (f": {values['last_error']}" if state == "failed" else ""))
+
+
+def _apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any], now: float) -> None:
+    for part in parts:
+        rep = reported.get(part_id(part.replica_id, part.rank))
+        if part.state == "failed":
+            continue
+        if rep is None:
+            if part.state in ("starting", "ready"):
+                repo.update_part(conn, part.replica_id, part.rank, state="failed", updated=now,
+                                 last_error=f"the agent on {part.node} no longer runs this "
+                                            "part")
+            continue
+        state = rep["state"] if rep["state"] != "stopped" else "failed"
+        error = (rep.get("last_error") or "the engine stopped") if state == "failed" else None
+        if state != part.state or rep.get("pid") != part.pid:
+            repo.update_part(conn, part.replica_id, part.rank, state=state, pid=rep.get("pid"),
+                             last_error=error, updated=now)
 
 
 @bp.post("/report")
@@ -62,50 +135,16 @@ def report() -> Any:
     if problems:
         raise ValidationError("the report is malformed", details=problems)
     reported = {r["id"]: r for r in body.get("replicas", [])}
+    answer: dict[str, Any] = {
+        "report_interval_s": current_app.config["LLMGW"].report_interval_s}
     with store().begin() as conn:
         now = clock()
         repo.record_report(conn, g.principal, body, now)
-        for row in repo.list_replicas(conn, node=g.principal):
-            rep = reported.get(row.id)
-            if rep is None:
-                if not row.desired:
-                    repo.delete_replica(conn, row.id)        # stopped as asked
-                elif row.state in ("starting", "ready"):
-                    repo.update_replica(
-                        conn, row.id, state="failed", updated=now,
-                        last_error=f"the agent on {row.node} no longer runs this replica")
-                continue
-            if not row.desired or row.state == "failed":
-                continue
-            state = rep["state"] if rep["state"] != "stopped" else "failed"
-            values: dict[str, Any] = {"state": state, "port": rep.get("port"),
-                                      "pid": rep.get("pid"), "updated": now}
-            if state == "failed":
-                values["last_error"] = rep.get("last_error") or "the engine stopped"
-            repo.update_replica(conn, row.id, **values)
-            if state != row.state and state in ("ready", "failed"):
-                repo.add_event(conn, now, state, row.model,
-                               f"replica {row.id} on {row.node} is {state}"
-                               + (f": {values['last_error']}" if state == "failed" else ""))
-        models = {m.name: m for m in repo.list_models(conn)}
-        assignments = []
-        for row in repo.list_replicas(conn, node=g.principal):
-            model = models.get(row.model)
-            if not row.desired or row.state == "failed" or model is None:
-                continue
-            assignments.append(_assignment(row, model, body.get("devices") or []))
-    return jsonify({"assignments": assignments,
-                    "report_interval_s": current_app.config["LLMGW"].report_interval_s})
-
-
-def _assignment(row: Any, model: Any, devices: list[dict[str, Any]]) -> dict[str, Any]:
-    ids = json.loads(row.devices)
-    by_id = {d["id"]: d for d in devices}
-    chosen = [by_id[i] for i in ids if i in by_id]
-    if any(d.get("class") == "cpu" for d in chosen) or not chosen:
-        kind = "cpu"
-    else:
-        kind = "mig" if any(d.get("mig") is not None for d in chosen) else "gpu"
-    return {"replica_id": row.id, "model": model.name, "engine": model.engine,
-            "source": model.source, "args": json.loads(model.args), "devices": ids,
-            "device_uuids": [d.get("uuid") for d in chosen], "device_kind": kind}
+        _apply_heads(conn, g.principal, reported, now)
+        _apply_parts(conn, repo.parts_on_node(conn, g.principal), reported, now)
+        answer["assignments"] = assignments_for(conn, g.principal, body.get("devices") or [])
+        if "sources_hash" in body:
+            sources, digest = catalog_sources(conn)
+            if body["sources_hash"] != digest:
+                answer.update(sources=sources, sources_hash=digest)
+    return jsonify(answer)

@@ -30,7 +30,9 @@ class ControlConfig:
     instance_name: str = ""             # default: hostname:pid
     reconcile_interval_s: float = 1.0
     lease_ttl_s: float = 10.0
-    node_timeout_s: float = 30.0
+    node_timeout_s: float = 30.0        # silent longer: the node is not capacity
+    replace_after_s: float = 120.0      # silent longer: its replicas are placed elsewhere
+    rendezvous_ports: str = "29500-29999"   # where the parts of multi-node replicas meet
     report_interval_s: float = 2.0
     start_timeout_s: float = 180.0      # a replica not ready by then is a failed start
     reconcile: bool = True              # false: serve the APIs only, never lead
@@ -46,12 +48,30 @@ class ControlConfig:
         if self.lease_ttl_s <= self.reconcile_interval_s * 2:
             problems.append("LLMGW_LEASE_TTL_S must be more than twice "
                             "LLMGW_RECONCILE_INTERVAL_S, or leadership flaps")
+        if self.replace_after_s < self.node_timeout_s:
+            problems.append(f"LLMGW_REPLACE_AFTER_S ({self.replace_after_s:g}) must be at least "
+                            f"LLMGW_NODE_TIMEOUT_S ({self.node_timeout_s:g})")
+        try:
+            _ = self.rendezvous_range
+        except ValueError as exc:
+            problems.append(f"LLMGW_RENDEZVOUS_PORTS={self.rendezvous_ports!r}: {exc}")
         problems += tls.serving_problems(self.tls_cert, self.tls_key)
         url = self.database_url
         if url and not url.startswith(("sqlite:", "postgresql:", "postgres:",
                                        "postgresql+psycopg2:")):
             problems.append("LLMGW_DATABASE_URL must start with sqlite:/// or postgresql://")
         return problems
+
+    @property
+    def rendezvous_range(self) -> range:
+        """The rendezvous port range, ``FIRST-LAST`` inclusive."""
+        first, sep, last = self.rendezvous_ports.partition("-")
+        if not sep or not first.strip().isdigit() or not last.strip().isdigit():
+            raise ValueError("write the range as FIRST-LAST, e.g. 29500-29999")
+        lo, hi = int(first), int(last)
+        if not 1024 <= lo <= hi < 65536:
+            raise ValueError("ports must be between 1024 and 65535, first <= last")
+        return range(lo, hi + 1)
 
     @property
     def store_url(self) -> str:

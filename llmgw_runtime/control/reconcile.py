@@ -106,10 +106,25 @@ def _record_failure(conn: Connection, model: Any, message: str, now: float) -> N
     repo.update_model(conn, model.name, **values)
 
 
+def _part_failure(rep: Any, parts: list[Any]) -> str | None:
+    for part in parts:
+        if part.state == "failed":
+            return (f"part {part.rank} on {part.node} failed: "
+                    f"{part.last_error or 'the engine stopped'}")
+    return None
+
+
+def _rendezvous_port(conn: Connection, config: ControlConfig, nodes: set[str],
+                     taken: set[int]) -> int | None:
+    used = repo.used_rendezvous_ports(conn, nodes) | taken
+    return next((p for p in config.rendezvous_range if p not in used), None)
+
+
 def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
     """One pass of the leader: account for failures, then place and stop replicas."""
     models = {m.name: m for m in repo.list_models(conn)}
     nodes = {n.name: n for n in repo.list_nodes(conn)}
+    parts = repo.parts_by_replica(conn)
     by_model: dict[str, list[Any]] = defaultdict(list)
     for rep in repo.list_replicas(conn):
         node = nodes.get(rep.node)
@@ -120,10 +135,11 @@ def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
             if node_dead:
                 repo.delete_replica(conn, rep.id)   # nobody is left to stop it
             continue
-        if rep.state == "failed" or (
+        part_failure = _part_failure(rep, parts.get(rep.id, []))
+        if rep.state == "failed" or part_failure or (
                 rep.state in ("pending", "starting")
                 and now - rep.started > config.start_timeout_s):
-            message = rep.last_error or (
+            message = part_failure or rep.last_error or (
                 f"not ready within {config.start_timeout_s:.0f} s of being placed on "
                 f"{rep.node}")
             if model is not None:
@@ -144,17 +160,35 @@ def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
 
     live = [r for reps in by_model.values() for r in reps]
     snap = snapshot.build(list(models.values()), list(nodes.values()), live, now,
-                          config.node_timeout_s)
+                          config.node_timeout_s, parts=parts,
+                          replace_after_s=config.replace_after_s)
     plan = place(snap)
+    taken_ports: set[int] = set()
     for start in plan.starts:
         replica_id = "r-" + uuid.uuid4().hex[:12]
-        repo.add_replica(conn, replica_id, start.model, start.node, start.devices, now)
-        devices = ",".join(str(d) for d in start.devices)
+        port = None
+        if start.parts:
+            port = _rendezvous_port(conn, config, {start.node, *(p.node for p in start.parts)},
+                                    taken_ports)
+            if port is None:
+                repo.add_event(conn, now, "unplaceable", start.model,
+                               f"every rendezvous port ({config.rendezvous_ports}) is in use "
+                               "on these nodes; widen LLMGW_RENDEZVOUS_PORTS")
+                continue
+            taken_ports.add(port)
+        repo.add_replica(conn, replica_id, start.model, start.node, start.devices, now,
+                         parts=tuple((p.rank, p.node, p.devices) for p in start.parts),
+                         rendezvous_port=port)
+        where = "; ".join(f"{n} device(s) {','.join(str(d) for d in devs)}"
+                          for n, devs in [(start.node, start.devices),
+                                          *((p.node, p.devices) for p in start.parts)])
         repo.add_event(conn, now, "place", start.model,
-                       f"replica {replica_id} placed on {start.node} device(s) {devices}")
+                       f"replica {replica_id} placed on {where}"
+                       + (f" ({start.why})" if start.why else ""))
     for replica_id in plan.stops:
         repo.update_replica(conn, replica_id, desired=0, state="stopping", updated=now)
-        repo.add_event(conn, now, "stop", replica_id, "no longer wanted; stopping")
+        repo.add_event(conn, now, "stop", replica_id,
+                       plan.stop_reasons.get(replica_id, "no longer wanted; stopping"))
     for model in models.values():
         reason = plan.unplaceable.get(model.name)
         if reason != model.placement_reason:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from ..catalog import spec_from_row
-from ..placement import DeviceView, ModelView, NodeView, ReplicaView, Snapshot
+from ..placement import DeviceView, ModelView, NodeView, PartView, ReplicaView, Snapshot
 from .states import in_backoff, wanted_replicas
 
 
@@ -20,8 +20,33 @@ def device_views(devices_json: str) -> tuple[DeviceView, ...]:
     return tuple(out)
 
 
+def weights_views(weights_json: str) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """(sources held locally or None when the agent was never told where to look,
+    sources seen on a shared filer) from a node's reported weights."""
+    weights = json.loads(weights_json or "{}")
+    if not isinstance(weights, dict) or not weights.get("dirs"):
+        return None, frozenset()
+    sources = weights.get("sources") or {}
+    if not isinstance(sources, dict):
+        return frozenset(), frozenset()
+    local = frozenset(s for s, seen in sources.items()
+                      if not (isinstance(seen, dict) and seen.get("shared")))
+    shared = frozenset(s for s, seen in sources.items()
+                       if isinstance(seen, dict) and seen.get("shared"))
+    return local, shared
+
+
+def node_view(row: Any) -> NodeView:
+    local, shared = weights_views(row.weights)
+    return NodeView(name=row.name, devices=device_views(row.devices),
+                    engines=tuple(json.loads(row.engines)), last_report=row.last_report,
+                    fabric=row.fabric, weights=local, shared_weights=shared)
+
+
 def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
-          node_timeout_s: float) -> Snapshot:
+          node_timeout_s: float, parts: dict[str, list[Any]] | None = None,
+          replace_after_s: float = 120.0) -> Snapshot:
+    parts = parts or {}
     by_model: dict[str, list[Any]] = {}
     for rep in replicas:
         by_model.setdefault(rep.model, []).append(rep)
@@ -31,15 +56,14 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
                   parked=bool(m.parked),
                   hold_starts=in_backoff(m.consecutive_failures, m.last_failure_at, now))
         for m in models)
-    node_views = tuple(
-        NodeView(name=n.name, devices=device_views(n.devices),
-                 engines=tuple(json.loads(n.engines)), last_report=n.last_report,
-                 fabric=n.fabric)
-        for n in nodes)
     replica_views = tuple(
         ReplicaView(id=r.id, model=r.model, node=r.node,
                     devices=tuple(json.loads(r.devices)), state=r.state, started=r.started,
-                    desired=bool(r.desired))
+                    desired=bool(r.desired),
+                    parts=tuple(PartView(rank=p.rank, node=p.node,
+                                         devices=tuple(json.loads(p.devices)))
+                                for p in parts.get(r.id, [])))
         for r in replicas)
-    return Snapshot(models=model_views, nodes=node_views, replicas=replica_views, now=now,
-                    node_timeout_s=node_timeout_s)
+    return Snapshot(models=model_views, nodes=tuple(node_view(n) for n in nodes),
+                    replicas=replica_views, now=now, node_timeout_s=node_timeout_s,
+                    replace_after_s=replace_after_s)

@@ -17,12 +17,6 @@ from .web import clock, require, store
 bp = Blueprint("status", __name__, url_prefix="/api/v1")
 
 
-def _rows() -> tuple[list[Any], list[Any], list[Any], float]:
-    with store().begin() as conn:
-        return (repo.list_models(conn), repo.list_nodes(conn), repo.list_replicas(conn),
-                clock())
-
-
 @bp.get("/status")
 @require("admin")
 def status() -> Any:
@@ -31,26 +25,43 @@ def status() -> Any:
         now = clock()
         models = models_out(conn, now)
         nodes = [repo.node_to_dict(n) for n in repo.list_nodes(conn)]
-        replicas = [repo.replica_to_dict(r) for r in repo.list_replicas(conn)]
+        parts = repo.parts_by_replica(conn)
+        replicas = [repo.replica_to_dict(r, parts.get(r.id)) for r in repo.list_replicas(conn)]
     return jsonify(summary.build(models, nodes, replicas, now, config.node_timeout_s))
 
 
 @bp.get("/plan")
 @require("admin")
 def plan() -> Any:
-    """What placement would do now, without doing it."""
+    """What placement would do now, without doing it, and why."""
     config = current_app.config["LLMGW"]
-    models, nodes, replicas, now = _rows()
+    with store().begin() as conn:
+        models, nodes, replicas = (repo.list_models(conn), repo.list_nodes(conn),
+                                   repo.list_replicas(conn))
+        parts = repo.parts_by_replica(conn)
+        now = clock()
     live = [r for r in replicas if r.desired and r.state != "failed"]
-    result = place(snapshot.build(models, nodes, live, now, config.node_timeout_s))
+    snap = snapshot.build(models, nodes, live, now, config.node_timeout_s, parts=parts,
+                          replace_after_s=config.replace_after_s)
+    result = place(snap)
     node_dicts = [repo.node_to_dict(n) for n in nodes]
-    replica_dicts = [repo.replica_to_dict(r) for r in live]
+    replica_dicts = [repo.replica_to_dict(r, parts.get(r.id)) for r in live]
+    by_id = {r.id: r for r in live}
+    fabrics, model_weights = summary.fabrics(
+        [repo.model_to_dict(m) for m in models], node_dicts, now, config.node_timeout_s)
     return jsonify({
-        "starts": [{"model": s.model, "node": s.node, "devices": list(s.devices)}
+        "starts": [{"model": s.model, "node": s.node, "devices": list(s.devices),
+                    "parts": [{"rank": p.rank, "node": p.node, "devices": list(p.devices)}
+                              for p in s.parts], "why": s.why}
                    for s in result.starts],
-        "stops": result.stops,
+        "stops": [{"replica": rid, "model": getattr(by_id.get(rid), "model", None),
+                   "node": getattr(by_id.get(rid), "node", None),
+                   "why": result.stop_reasons.get(rid, "no longer wanted")}
+                  for rid in result.stops],
         "unplaceable": result.unplaceable,
         "devices": summary.devices_by_class(node_dicts, replica_dicts, now,
                                             config.node_timeout_s),
         "cards_unusable": summary.idle_cards(node_dicts),
+        "fabrics": fabrics,
+        "models": model_weights,
     })

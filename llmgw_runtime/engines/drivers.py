@@ -1,4 +1,11 @@
-"""The engine drivers: llama.cpp (``llama-server`` or the xllamacpp launcher) and vLLM."""
+"""The engine drivers: llama.cpp (``llama-server`` or the xllamacpp launcher) and vLLM.
+
+Multi-node replicas: llama.cpp runs an ``rpc-server`` on every worker node (bound to the
+node's address, on the replica's rendezvous port) and the head's ``llama-server`` gets
+``--rpc addr:port,...``; the head waits until every worker accepts connections. vLLM runs
+``vllm serve`` on every node with ``--nnodes/--node-rank/--master-addr/--master-port``
+(multiprocessing backend, no Ray); workers are ``--headless``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
-from .base import EngineDriver, LaunchSpec, assignment_args, engine_env, resolve_source
+from .base import (
+    EngineDriver,
+    LaunchSpec,
+    assignment_args,
+    engine_env,
+    has_flag,
+    peers_of,
+    profile_sizes,
+    rendezvous,
+    resolve_source,
+)
 
 LAUNCHER_MODULE = "llmgw_runtime.engines.xllamacpp_launcher"
 
@@ -22,9 +39,26 @@ class LlamaCppDriver(EngineDriver):
     name = "llama.cpp"
     health_path = "/health"
 
-    def __init__(self, binary: str | None = None, python: str | None = None):
+    def __init__(self, binary: str | None = None, python: str | None = None,
+                 rpc_binary: str | None = None):
         self.binary = binary
         self.python = python or sys.executable
+        self.rpc_binary = rpc_binary
+
+    def _rpc_server(self) -> str:
+        """llama.cpp's ``rpc-server``: as configured, else next to llama-server, else PATH."""
+        candidates = [self.rpc_binary] if self.rpc_binary else []
+        if self.binary:
+            found = shutil.which(self.binary) or self.binary
+            candidates.append(str(Path(found).with_name("rpc-server")))
+        candidates.append("rpc-server")
+        for candidate in candidates:
+            path = shutil.which(candidate) or candidate
+            if self._executable_exists(path):
+                return path
+        raise EngineError("llama.cpp's rpc-server is not found (needed on every worker node "
+                          "of a multi-node llama.cpp replica); build llama.cpp with "
+                          "-DGGML_RPC=ON and set LLMGW_LLAMA_RPC_BINARY")
 
     def launch(self, assignment: Mapping[str, Any], *, host: str, port: int,
                weights_dirs: Sequence[str | Path] = ()) -> LaunchSpec:
@@ -32,6 +66,11 @@ class LlamaCppDriver(EngineDriver):
         model = str(assignment["model"])
         args = assignment_args(assignment)
         env = engine_env(assignment)
+        wait: tuple[tuple[str, int], ...] = ()
+        if assignment.get("role") == "head":
+            rpc_port = rendezvous(assignment)
+            wait = tuple((addr, rpc_port) for rank, addr in peers_of(assignment) if rank > 0)
+            args = ["--rpc", ",".join(f"{a}:{p}" for a, p in wait), *args]
         if self.binary:
             binary = shutil.which(self.binary) or self.binary
             if not self._executable_exists(binary):
@@ -41,9 +80,21 @@ class LlamaCppDriver(EngineDriver):
             argv = [binary, "-m", str(path), "--host", host, "--port", str(port),
                     "--alias", model, *args]
         else:
+            if wait:
+                raise EngineError("a multi-node llama.cpp replica needs llama-server built "
+                                  "with RPC; set LLMGW_LLAMA_SERVER_BINARY (the xllamacpp "
+                                  "wheel has no RPC)")
             argv = [self.python, "-m", LAUNCHER_MODULE, "--model", str(path),
                     "--host", host, "--port", str(port), "--alias", model, *args]
-        return LaunchSpec(argv=argv, env=env, health_path=self.health_path)
+        return LaunchSpec(argv=argv, env=env, health_path=self.health_path, wait_for=wait)
+
+    def launch_worker(self, assignment: Mapping[str, Any], *,
+                      weights_dirs: Sequence[str | Path] = ()) -> LaunchSpec:
+        rank = int(assignment.get("rank") or 0)
+        address = dict(peers_of(assignment)).get(rank)
+        port = rendezvous(assignment)
+        argv = [self._rpc_server(), "--host", str(address), "--port", str(port)]
+        return LaunchSpec(argv=argv, env=engine_env(assignment), health="tcp", port=port)
 
 
 class VllmDriver(EngineDriver):
@@ -55,21 +106,48 @@ class VllmDriver(EngineDriver):
     def __init__(self, python: str):
         self.python = python
 
+    def _argv(self, assignment: Mapping[str, Any],
+              weights_dirs: Sequence[str | Path]) -> list[str]:
+        path = resolve_source(str(assignment["source"]), weights_dirs)
+        args = assignment_args(assignment)
+        argv = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
+                "--served-model-name", str(assignment["model"])]
+        tp, pp = profile_sizes(assignment)
+        if not has_flag(args, "--tensor-parallel-size", "-tp"):
+            argv += ["--tensor-parallel-size", str(tp)]
+        if not has_flag(args, "--pipeline-parallel-size", "-pp"):
+            argv += ["--pipeline-parallel-size", str(pp)]
+        if assignment.get("role") in ("head", "worker"):
+            head = assignment.get("head_address")
+            if not head:
+                raise EngineError(f"replica {assignment.get('replica_id')}: the head node "
+                                  "has no address; set LLMGW_ADDRESS on its agent")
+            argv += ["--nnodes", str(int(assignment.get("nodes") or 1)),
+                     "--node-rank", str(int(assignment.get("rank") or 0)),
+                     "--master-addr", str(head),
+                     "--master-port", str(rendezvous(assignment))]
+        return argv + args
+
     def launch(self, assignment: Mapping[str, Any], *, host: str, port: int,
                weights_dirs: Sequence[str | Path] = ()) -> LaunchSpec:
-        path = resolve_source(str(assignment["source"]), weights_dirs)
-        model = str(assignment["model"])
-        argv = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
-                "--served-model-name", model, "--host", host, "--port", str(port),
-                *assignment_args(assignment)]
+        argv = self._argv(assignment, weights_dirs)
+        argv[argv.index("--served-model-name") + 2:argv.index("--served-model-name") + 2] = [
+            "--host", host, "--port", str(port)]
         return LaunchSpec(argv=argv, env=engine_env(assignment), health_path=self.health_path)
+
+    def launch_worker(self, assignment: Mapping[str, Any], *,
+                      weights_dirs: Sequence[str | Path] = ()) -> LaunchSpec:
+        argv = self._argv(assignment, weights_dirs) + ["--headless"]
+        return LaunchSpec(argv=argv, env=engine_env(assignment), health="process")
 
 
 def drivers_from_config(llama_server_binary: str | None = None,
-                        vllm_python: str | None = None) -> dict[str, EngineDriver]:
+                        vllm_python: str | None = None,
+                        llama_rpc_binary: str | None = None) -> dict[str, EngineDriver]:
     """The drivers this node has, keyed by engine name; the keys are the engines the agent
     reports as installed. vLLM only when ``vllm_python`` is set and exists."""
-    drivers: dict[str, EngineDriver] = {"llama.cpp": LlamaCppDriver(llama_server_binary)}
+    drivers: dict[str, EngineDriver] = {
+        "llama.cpp": LlamaCppDriver(llama_server_binary, rpc_binary=llama_rpc_binary)}
     if vllm_python and os.path.isfile(os.path.expanduser(vllm_python)):
         drivers["vllm"] = VllmDriver(os.path.expanduser(vllm_python))
     return drivers

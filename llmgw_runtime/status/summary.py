@@ -8,7 +8,8 @@ from typing import Any
 
 from ..devices.model import label
 
-ACTIVE = ("pending", "starting", "ready")
+ACTIVE = ("pending", "fetching", "starting", "ready")
+NO_FABRIC = "(none)"
 
 
 def device_label(dev: dict[str, Any]) -> str:
@@ -27,8 +28,12 @@ def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
                      now: float, node_timeout_s: float) -> dict[str, dict[str, int]]:
     """Per device class: total, used, free, unhealthy. An unhealthy device is neither used
     nor free; a node that stopped reporting counts in ``unreachable``, not in free."""
-    used = {(r["node"], d) for r in replicas if r.get("desired", True)
-            and r["state"] in ACTIVE for d in r["devices"]}
+    used: set[tuple[str, int]] = set()
+    for r in replicas:
+        if r.get("desired", True) and r["state"] in ACTIVE:
+            used.update((r["node"], d) for d in r["devices"])
+            for part in r.get("parts") or []:
+                used.update((part["node"], d) for d in part["devices"])
     counts: dict[str, Counter[str]] = {}
     for node in nodes:
         alive = node_alive(node, now, node_timeout_s)
@@ -64,11 +69,60 @@ def idle_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _seen(node: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """(sources held locally, sources on a shared filer) that a node reported."""
+    sources = (node.get("weights") or {}).get("sources") or {}
+    local = {s for s, v in sources.items() if not (isinstance(v, dict) and v.get("shared"))}
+    return local, set(sources) - local
+
+
+def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: float,
+            node_timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Weights per fabric, from reporting nodes: which models each fabric holds (a copy on
+    some node, or on a shared filer its nodes see), and per model which fabrics could serve
+    it without a copy and how many nodes hold it (a shared filer counts for every node of
+    its fabric). Nodes without a fabric are listed together under ``(none)``."""
+    out: dict[str, Any] = {}
+    local_of: dict[str, set[str]] = {}
+    shared_of: dict[str, set[str]] = {}
+    members: dict[str, list[str]] = {}
+    for node in nodes:
+        name = node.get("fabric") or NO_FABRIC
+        entry = out.setdefault(name, {"nodes": 0, "reporting": 0, "models": []})
+        entry["nodes"] += 1
+        if not node_alive(node, now, node_timeout_s):
+            continue
+        entry["reporting"] += 1
+        local, shared = _seen(node)
+        local_of[node["name"]] = local
+        # without a fabric a node shares its filer with nobody
+        shared_of.setdefault(name if node.get("fabric") else "node:" + node["name"],
+                             set()).update(shared)
+        members.setdefault(name, []).append(node["name"])
+    per_model: dict[str, Any] = {}
+    for m in models:
+        src, where, count = m["source"], [], 0
+        for fabric, names in members.items():
+            holders = [n for n in names if src in local_of[n]
+                       or src in shared_of.get(fabric if fabric != NO_FABRIC else "node:" + n,
+                                               set())]
+            count += len(holders)
+            if holders:
+                where.append(fabric)
+                out[fabric]["models"].append(m["name"])
+        per_model[m["name"]] = {"fabrics_with_weights": sorted(where),
+                                "nodes_with_weights": count}
+    for entry in out.values():
+        entry["models"].sort()
+    return dict(sorted(out.items())), per_model
+
+
 def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
           replicas: list[dict[str, Any]], now: float,
           node_timeout_s: float = 30.0) -> dict[str, Any]:
     """The summary: nodes, devices by class, replicas by state, models and what is wrong."""
     alive = sum(1 for n in nodes if node_alive(n, now, node_timeout_s))
+    by_fabric, weights = fabrics(models, nodes, now, node_timeout_s)
     return {
         "nodes": {"total": len(nodes), "reporting": alive, "silent": len(nodes) - alive},
         "devices": devices_by_class(nodes, replicas, now, node_timeout_s),
@@ -76,5 +130,6 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
         "replicas": dict(sorted(Counter(r["state"] for r in replicas).items())),
         "models": [{"name": m["name"], "state": m["state"], "ready": m["ready"],
                     "wanted": m["wanted"], "reason": m["reason"],
-                    "on_demand": m["on_demand"]} for m in models],
+                    "on_demand": m["on_demand"], **weights[m["name"]]} for m in models],
+        "fabrics": by_fabric,
     }

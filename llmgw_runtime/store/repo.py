@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..catalog import ModelSpec
-from .schema import accounts, events, leases, models, nodes, replicas
+from .schema import accounts, events, leases, models, nodes, replica_parts, replicas
 
 # ---------------------------------------------------------------- models
 
@@ -25,7 +25,8 @@ def model_to_dict(row: Any) -> dict[str, Any]:
         "parked": bool(row.parked), "consecutive_failures": row.consecutive_failures,
         "last_error": row.last_error, "last_failure_at": row.last_failure_at,
         "activated_at": row.activated_at, "placement_reason": row.placement_reason,
-        "created": row.created, "updated": row.updated,
+        "created": row.created, "updated": row.updated, "strategy": row.strategy,
+        "sha256": row.sha256, "size_bytes": row.size_bytes,
     }
 
 
@@ -34,7 +35,8 @@ def _model_values(spec: ModelSpec) -> dict[str, Any]:
             "profile": json.dumps(spec.profile.to_dict(), sort_keys=True),
             "replicas": spec.replicas, "on_demand": int(spec.on_demand),
             "idle_stop_after_s": spec.idle_stop_after_s, "args": json.dumps(list(spec.args)),
-            "definition_hash": spec.definition_hash}
+            "definition_hash": spec.definition_hash, "strategy": spec.strategy,
+            "sha256": spec.sha256, "size_bytes": spec.size_bytes}
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
@@ -73,12 +75,20 @@ def list_models(conn: Connection) -> list[Any]:
     return list(conn.execute(sa.select(models).order_by(models.c.name)))
 
 
+def models_named(conn: Connection, names: set[str]) -> dict[str, Any]:
+    if not names:
+        return {}
+    return {r.name: r for r in conn.execute(sa.select(models).where(models.c.name.in_(names)))}
+
+
 def get_model(conn: Connection, name: str) -> Any | None:
     return conn.execute(sa.select(models).where(models.c.name == name)).first()
 
 
 def delete_model(conn: Connection, name: str) -> bool:
     # Its replicas are told to stop by disappearing from the assignments.
+    ids = sa.select(replicas.c.id).where(replicas.c.model == name)
+    conn.execute(replica_parts.delete().where(replica_parts.c.replica_id.in_(ids)))
     conn.execute(replicas.delete().where(replicas.c.model == name))
     return conn.execute(models.delete().where(models.c.name == name)).rowcount > 0
 
@@ -136,11 +146,20 @@ def record_report(conn: Connection, name: str, report: dict[str, Any], now: floa
 # ---------------------------------------------------------------- replicas
 
 
-def replica_to_dict(row: Any) -> dict[str, Any]:
-    return {"id": row.id, "model": row.model, "node": row.node,
-            "devices": json.loads(row.devices), "port": row.port, "pid": row.pid,
-            "state": row.state, "desired": bool(row.desired), "started": row.started,
-            "updated": row.updated, "last_used": row.last_used, "last_error": row.last_error}
+def replica_to_dict(row: Any, parts: list[Any] | None = None) -> dict[str, Any]:
+    out = {"id": row.id, "model": row.model, "node": row.node,
+           "devices": json.loads(row.devices), "port": row.port, "pid": row.pid,
+           "state": row.state, "desired": bool(row.desired), "started": row.started,
+           "updated": row.updated, "last_used": row.last_used, "last_error": row.last_error,
+           "rendezvous_port": row.rendezvous_port,
+           "progress": json.loads(row.progress) if row.progress else None}
+    out["parts"] = [part_to_dict(p) for p in parts or []]
+    return out
+
+
+def part_to_dict(row: Any) -> dict[str, Any]:
+    return {"rank": row.rank, "node": row.node, "devices": json.loads(row.devices),
+            "state": row.state, "pid": row.pid, "last_error": row.last_error}
 
 
 def list_replicas(conn: Connection, node: str | None = None) -> list[Any]:
@@ -150,11 +169,65 @@ def list_replicas(conn: Connection, node: str | None = None) -> list[Any]:
     return list(conn.execute(query))
 
 
+def get_replica(conn: Connection, replica_id: str) -> Any | None:
+    return conn.execute(sa.select(replicas).where(replicas.c.id == replica_id)).first()
+
+
 def add_replica(conn: Connection, replica_id: str, model: str, node: str,
-                devices: tuple[int, ...], now: float) -> None:
+                devices: tuple[int, ...], now: float,
+                parts: tuple[tuple[int, str, tuple[int, ...]], ...] = (),
+                rendezvous_port: int | None = None) -> None:
+    """A new pending replica; ``parts`` are its worker parts as (rank, node, devices)."""
     conn.execute(replicas.insert().values(
         id=replica_id, model=model, node=node, devices=json.dumps(list(devices)),
-        state="pending", desired=1, started=now, updated=now))
+        state="pending", desired=1, started=now, updated=now, rendezvous_port=rendezvous_port))
+    for rank, part_node, part_devices in parts:
+        conn.execute(replica_parts.insert().values(
+            replica_id=replica_id, rank=rank, node=part_node,
+            devices=json.dumps(list(part_devices)), state="pending", updated=now))
+
+
+def parts_by_replica(conn: Connection) -> dict[str, list[Any]]:
+    """Every worker part, grouped by replica id, in rank order."""
+    out: dict[str, list[Any]] = {}
+    for row in conn.execute(sa.select(replica_parts).order_by(replica_parts.c.replica_id,
+                                                              replica_parts.c.rank)):
+        out.setdefault(row.replica_id, []).append(row)
+    return out
+
+
+def parts_of(conn: Connection, replica_ids: list[str]) -> dict[str, list[Any]]:
+    if not replica_ids:
+        return {}
+    out: dict[str, list[Any]] = {}
+    rows = conn.execute(sa.select(replica_parts)
+                        .where(replica_parts.c.replica_id.in_(replica_ids))
+                        .order_by(replica_parts.c.replica_id, replica_parts.c.rank))
+    for row in rows:
+        out.setdefault(row.replica_id, []).append(row)
+    return out
+
+
+def parts_on_node(conn: Connection, node: str) -> list[Any]:
+    return list(conn.execute(sa.select(replica_parts).where(replica_parts.c.node == node)
+                             .order_by(replica_parts.c.replica_id, replica_parts.c.rank)))
+
+
+def update_part(conn: Connection, replica_id: str, rank: int, **values: Any) -> None:
+    conn.execute(replica_parts.update().where(replica_parts.c.replica_id == replica_id)
+                 .where(replica_parts.c.rank == rank).values(**values))
+
+
+def used_rendezvous_ports(conn: Connection, nodes_: set[str]) -> set[int]:
+    """Rendezvous ports of replicas with a part (head or worker) on any of ``nodes_``."""
+    if not nodes_:
+        return set()
+    heads = sa.select(replicas.c.rendezvous_port).where(replicas.c.node.in_(nodes_))
+    workers = (sa.select(replicas.c.rendezvous_port)
+               .join(replica_parts, replica_parts.c.replica_id == replicas.c.id)
+               .where(replica_parts.c.node.in_(nodes_)))
+    ports = {r[0] for r in conn.execute(heads)} | {r[0] for r in conn.execute(workers)}
+    return {p for p in ports if p is not None}
 
 
 def update_replica(conn: Connection, replica_id: str, **values: Any) -> None:
@@ -162,6 +235,7 @@ def update_replica(conn: Connection, replica_id: str, **values: Any) -> None:
 
 
 def delete_replica(conn: Connection, replica_id: str) -> None:
+    conn.execute(replica_parts.delete().where(replica_parts.c.replica_id == replica_id))
     conn.execute(replicas.delete().where(replicas.c.id == replica_id))
 
 

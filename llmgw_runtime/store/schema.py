@@ -3,7 +3,18 @@ booleans are integer columns written as 0/1 on both backends."""
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
 
 metadata = MetaData()
 
@@ -26,6 +37,11 @@ models = Table(
     Column("placement_reason", Text, nullable=True),   # why it cannot be placed, or NULL
     Column("created", Float, nullable=False),
     Column("updated", Float, nullable=False),
+    # revision 0003
+    Column("strategy", String(20), nullable=False, default="binpack",
+           server_default="binpack"),
+    Column("sha256", String(64), nullable=True),
+    Column("size_bytes", BigInteger, nullable=True),
 )
 
 nodes = Table(
@@ -58,8 +74,26 @@ replicas = Table(
     Column("updated", Float, nullable=False),
     Column("last_used", Float, nullable=True),
     Column("last_error", Text, nullable=True),
+    # revision 0003: the port every part of a multi-node replica meets on; download progress
+    Column("rendezvous_port", Integer, nullable=True),
+    Column("progress", Text, nullable=True),     # JSON {"bytes", "total", "rate_bps"}
     Index("ix_replicas_model", "model"),
     Index("ix_replicas_node", "node"),
+)
+
+# The worker parts (rank >= 1) of a multi-node replica; the head (rank 0) is the replica row.
+replica_parts = Table(
+    "replica_parts", metadata,
+    Column("replica_id", String(64), ForeignKey("replicas.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("rank", Integer, primary_key=True),
+    Column("node", String(200), nullable=False),
+    Column("devices", Text, nullable=False, default="[]"),   # JSON list of placement ids
+    Column("state", String(20), nullable=False),
+    Column("pid", Integer, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("updated", Float, nullable=False),
+    Index("ix_replica_parts_node", "node"),
 )
 
 events = Table(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_runtime.agent import Agent, AgentConfig, load_config, run, weights_seen
+from llmgw_runtime.agent import Agent, AgentConfig, load_config, run
 from llmgw_runtime.agent.procs import free_port
 from llmgw_runtime.errors import ConfigError
 
@@ -49,16 +49,6 @@ def test_bad_values_are_each_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "ftp://x" in text and "gpu-magic" in text and "report_interval_s" in text
 
 
-def test_weights_seen_lists_model_files_and_non_empty_dirs(tmp_path: Path) -> None:
-    (tmp_path / "a.gguf").write_bytes(b"x")
-    (tmp_path / "notes.txt").write_text("x")
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "repo").mkdir()
-    (tmp_path / "repo" / "config.json").write_text("{}")
-    seen = weights_seen([str(tmp_path), str(tmp_path / "missing")])
-    assert seen == [str(tmp_path / "a.gguf"), str(tmp_path / "repo")]
-
-
 def test_report_has_the_documented_shape(tmp_path: Path) -> None:
     weights = tmp_path / "weights"
     weights.mkdir()
@@ -67,8 +57,25 @@ def test_report_has_the_documented_shape(tmp_path: Path) -> None:
     assert report["node"] == "node-a" and report["fabric"] == "ib0"
     assert report["engines"] == ["llama.cpp"]
     assert report["devices"][0]["class"] == "cpu"
-    assert report["weights"] == {"dirs": [str(weights)], "seen": []}
+    assert [d["path"] for d in report["weights"]["dirs"]] == [str(weights)]
+    assert report["weights"]["sources"] == {} and report["sources_hash"] == ""
     assert report["replicas"] == []
+
+
+def test_an_agent_told_no_weights_dirs_reports_no_weights(tmp_path: Path) -> None:
+    report = Agent.from_config(config(tmp_path)).build_report()
+    assert report["weights"] == {} and "sources_hash" not in report
+
+
+def test_the_agent_reports_the_catalog_sources_it_holds(tmp_path: Path) -> None:
+    weights = tmp_path / "weights"
+    (weights / "Org" / "Repo").mkdir(parents=True)
+    (weights / "Org" / "Repo" / "m.gguf").write_bytes(b"GGUF" + b"\0" * 64)
+    agent = Agent.from_config(config(tmp_path, weights_dirs=(str(weights),)))
+    agent.sources = ["hf://Org/Repo/m.gguf", "hf://Org/Other/x.gguf"]
+    held = agent.build_report()["weights"]["sources"]
+    assert list(held) == ["hf://Org/Repo/m.gguf"]
+    assert held["hf://Org/Repo/m.gguf"]["path"] == str(weights / "Org" / "Repo" / "m.gguf")
 
 
 def test_a_cycle_against_an_unreachable_control_logs_and_keeps_going(

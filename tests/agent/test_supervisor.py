@@ -91,9 +91,10 @@ def test_bad_model_path_fails_with_the_engine_message(supervisor: Supervisor,
 def test_unknown_engine_and_unresolvable_source_fail_without_a_process(
         supervisor: Supervisor) -> None:
     a = supervisor.start(assignment("r-vllm", "/m.gguf", engine="vllm"))
-    b = supervisor.start(assignment("r-hf", "hf://org/repo/x.gguf"))
+    b = supervisor.start(assignment("r-s3", "s3://bucket/x.gguf"))
     assert a["state"] == "failed" and "'vllm' is not installed" in a["last_error"]
-    assert b["state"] == "failed" and "weights directories" in b["last_error"]
+    assert b["state"] == "failed" and "'s3://bucket/x.gguf'" in b["last_error"]
+    assert "not supported" in b["last_error"]
     assert a["pid"] is None and b["pid"] is None
 
 
@@ -172,3 +173,115 @@ def test_stale_records_are_cleaned_at_adoption(tmp_path: Path) -> None:
     assert sup.adopt() == []
     assert sup.states() == []
     assert list(run_dir.iterdir()) == []
+
+
+def test_missing_weights_are_fetched_first_and_progress_is_reported(
+        tmp_path: Path, model: Path) -> None:
+    """An https-style source with no local copy: the replica is `fetching` (with progress)
+    while a slow loopback server sends the file, then the real engine starts on it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    payload = model.read_bytes()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            for i in range(0, len(payload), len(payload) // 8 + 1):
+                self.wfile.write(payload[i:i + len(payload) // 8 + 1])
+                self.wfile.flush()
+                time.sleep(0.15)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    sup = Supervisor(tmp_path / "run", drivers_from_config(), start_timeout_s=20,
+                     weights_dirs=[str(weights)])
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/tiny.gguf"
+        first = sup.start(assignment("r-fetch", url, size_bytes=len(payload)))
+        assert first["state"] == "fetching"
+        seen = sup.wait_for("r-fetch", ["starting", "ready", "failed"], 30, poll_s=0.05)
+        assert seen["state"] != "failed", seen
+        state = sup.wait_for("r-fetch", ["ready", "failed"], 30)
+        assert state["state"] == "ready", state
+        assert (weights / "tiny.gguf").read_bytes() == payload
+        assert sup.downloads_finished() and not sup.downloads_finished()
+        chat(state["port"])
+    finally:
+        sup.stop_all()
+        server.shutdown()
+
+
+def test_a_fetch_in_progress_reports_bytes_and_total(tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    release = threading.Event()
+
+    class Stuck(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", "2000")
+            self.end_headers()
+            self.wfile.write(b"x" * 500)
+            self.wfile.flush()
+            release.wait(10)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stuck)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sup = Supervisor(tmp_path / "run", drivers_from_config(), start_timeout_s=20)
+    try:
+        sup.start(assignment("r-slow", f"http://127.0.0.1:{server.server_address[1]}/m.gguf"))
+        deadline = time.monotonic() + 10
+        while True:
+            (state,) = sup.states()
+            if (state.get("progress") or {}).get("bytes") == 500 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert state["state"] == "fetching"
+        assert state["progress"]["bytes"] == 500 and state["progress"]["total"] == 2000
+        assert not list((tmp_path / "weights").glob("m.gguf"))    # only the .part exists
+    finally:
+        release.set()
+        sup.stop_all()
+        server.shutdown()
+
+
+def test_a_multi_node_head_waits_for_its_workers_then_fails_naming_them(
+        tmp_path: Path, model: Path) -> None:
+    import socket
+
+    from llmgw_runtime.engines import LlamaCppDriver
+
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\nexec sleep 30\n")
+    binary.chmod(0o755)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()                      # nothing listens there
+    sup = Supervisor(tmp_path / "run", {"llama.cpp": LlamaCppDriver(str(binary))},
+                     start_timeout_s=1.0)
+    try:
+        head = assignment("r-head", str(model), role="head", rank=0, nodes=2,
+                          rendezvous_port=port,
+                          peers=[{"rank": 0, "node": "a", "address": "127.0.0.1"},
+                                 {"rank": 1, "node": "b", "address": "127.0.0.1"}])
+        state = sup.start(head)
+        assert state["state"] == "starting" and state["pid"] is None
+        assert f"waiting for workers: 127.0.0.1:{port}" in state["last_error"]
+        final = sup.wait_for("r-head", ["failed"], 10)
+        assert final["state"] == "failed"
+        assert f"127.0.0.1:{port} did not accept connections" in final["last_error"]
+    finally:
+        sup.stop_all()

@@ -35,11 +35,11 @@ class Api:
         return str(resp.json["credential"])
 
     def report(self, cred: str, node: str = "n1", replicas: list[Any] | None = None,
-               devices: list[Any] | None = None) -> Any:
+               devices: list[Any] | None = None, **extra: Any) -> Any:
         return self.call("POST", "/api/v1/agent/report", cred, json={
             "node": node, "address": "127.0.0.1", "agent_version": "t",
             "devices": [CPU] if devices is None else devices, "engines": ["llama.cpp"],
-            "weights": {}, "replicas": replicas or []})
+            "weights": {}, "replicas": replicas or [], **extra})
 
 
 @pytest.fixture

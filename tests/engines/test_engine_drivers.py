@@ -51,12 +51,14 @@ def test_llamacpp_without_a_binary_uses_the_xllamacpp_launcher() -> None:
 
 def test_vllm_argv_on_two_whole_gpus_uses_uuids_never_indexes() -> None:
     a = assignment(engine="vllm", device_kind="gpu", devices=[0, 1],
-                   device_uuids=["GPU-aaa", "GPU-bbb"], args=["--tensor-parallel-size", "2"])
+                   device_uuids=["GPU-aaa", "GPU-bbb"], args=["--max-model-len", "4096"],
+                   profile={"gpus": 2, "tp": 2, "pp": 1, "nodes": 1})
     spec = VllmDriver("/opt/vllm/bin/python").launch(a, host="0.0.0.0", port=4002)
     assert spec.argv == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server",
                          "--model", "/srv/models/qwen.gguf", "--served-model-name", "qwen",
                          "--host", "0.0.0.0", "--port", "4002",
-                         "--tensor-parallel-size", "2"]
+                         "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
+                         "--max-model-len", "4096"]
     assert spec.env == {"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}
     assert spec.health_path == "/health"
 
@@ -131,3 +133,63 @@ def test_engines_inherit_no_secret_and_no_device_choice_of_their_own() -> None:
                                      device_uuids=["GPU-a", "GPU-b"])))
     assert gpu["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
     assert "GGML_VK_VISIBLE_DEVICES" not in gpu
+
+
+def test_vllm_keeps_the_operators_own_parallel_flags() -> None:
+    a = assignment(engine="vllm", args=["--tensor-parallel-size=4", "-pp", "2"],
+                   profile={"gpus": 8, "tp": 8, "pp": 1, "nodes": 1})
+    argv = VllmDriver("/py").launch(a, host="h", port=1).argv
+    assert argv.count("--tensor-parallel-size=4") == 1
+    assert "--tensor-parallel-size" not in argv and "--pipeline-parallel-size" not in argv
+
+
+def multi_node(rank: int, engine: str = "vllm") -> dict[str, Any]:
+    return assignment(
+        engine=engine, device_kind="gpu", devices=[0, 1], device_uuids=["GPU-a", "GPU-b"],
+        profile={"gpus": 2, "tp": 2, "pp": 2, "nodes": 2}, args=[],
+        role="head" if rank == 0 else "worker", rank=rank, nodes=2, rendezvous_port=29501,
+        head_address="10.0.0.1",
+        peers=[{"rank": 0, "node": "gpu-01", "address": "10.0.0.1"},
+               {"rank": 1, "node": "gpu-02", "address": "10.0.0.2"}])
+
+
+def test_vllm_multi_node_head_and_worker_meet_at_the_rendezvous_port() -> None:
+    head = VllmDriver("/py").launch(multi_node(0), host="0.0.0.0", port=8000)
+    assert head.argv[-8:] == ["--nnodes", "2", "--node-rank", "0", "--master-addr",
+                              "10.0.0.1", "--master-port", "29501"]
+    assert "--headless" not in head.argv and head.health == "http"
+    worker = VllmDriver("/py").launch_worker(multi_node(1))
+    assert worker.argv[-9:] == ["--nnodes", "2", "--node-rank", "1", "--master-addr",
+                                "10.0.0.1", "--master-port", "29501", "--headless"]
+    assert "--port" not in worker.argv and worker.health == "process"
+    assert worker.env == {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
+    assert ["--tensor-parallel-size", "2"] == worker.argv[7:9]
+
+
+def test_llamacpp_multi_node_head_waits_for_rpc_workers(tmp_path: Path) -> None:
+    binary = tmp_path / "llama-server"
+    rpc = tmp_path / "rpc-server"
+    for b in (binary, rpc):
+        b.write_text("#!/bin/sh\n")
+        b.chmod(0o755)
+    driver = LlamaCppDriver(str(binary))
+    a = multi_node(0, engine="llama.cpp")
+    head = driver.launch(a, host="0.0.0.0", port=8000)
+    assert head.argv[head.argv.index("--rpc") + 1] == "10.0.0.2:29501"
+    assert head.wait_for == (("10.0.0.2", 29501),)
+    worker = driver.launch_worker(multi_node(1, engine="llama.cpp"))
+    assert worker.argv == [str(rpc), "--host", "10.0.0.2", "--port", "29501"]
+    assert worker.health == "tcp" and worker.port == 29501
+
+
+def test_llamacpp_worker_without_rpc_server_says_how_to_get_one(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="GGML_RPC=ON"):
+        LlamaCppDriver(str(tmp_path / "none"), rpc_binary=str(tmp_path / "nope")
+                       ).launch_worker(multi_node(1, engine="llama.cpp"))
+
+
+def test_a_part_whose_peer_has_no_address_names_the_node() -> None:
+    a = multi_node(0, engine="llama.cpp")
+    a["peers"][1]["address"] = None
+    with pytest.raises(EngineError, match="'gpu-02'.*LLMGW_ADDRESS"):
+        LlamaCppDriver("/bin/sh").launch(a, host="h", port=1)

@@ -42,6 +42,7 @@ class Cluster:
         self.control_url = f"{scheme}://127.0.0.1:{self.control_port}"
         self.router_url = f"{scheme}://127.0.0.1:{self.router_port}"
         self.agent_dir = root / "agent"
+        self.agent_dirs = [self.agent_dir]
         self.procs: dict[str, LlmgwProcess] = {}
         self.admin = Client(self.control_url, self.admin_token, ca_file=self.ca_file)
 
@@ -80,10 +81,15 @@ class Cluster:
         assert proc.proc.poll() is None, proc.tail()
 
     def start_agent(self, name: str = "agent", devices: str = "cpu",
-                    env: dict[str, str] | None = None) -> LlmgwProcess:
+                    env: dict[str, str] | None = None, node: str = "node1",
+                    extra: list[str] | None = None) -> LlmgwProcess:
+        """An agent; a node other than node1 keeps its state in <root>/agent-<node>."""
+        state = self.agent_dir if node == "node1" else self.root / f"agent-{node}"
+        if state not in self.agent_dirs:
+            self.agent_dirs.append(state)
         return self._start(name, [
-            "agent", "--control-url", self.control_url, "--state-dir", str(self.agent_dir),
-            "--devices", devices, "--node-name", "node1",
+            "agent", "--control-url", self.control_url, "--state-dir", str(state),
+            "--devices", devices, "--node-name", node, *(extra or []),
         ], {"LLMGW_JOIN_TOKEN": self.join_token, "LLMGW_REPORT_INTERVAL_S": "0.5",
             **({"LLMGW_CA_FILE": self.ca_file} if self.ca_file else {}), **(env or {})})
 
@@ -109,7 +115,8 @@ class Cluster:
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):
             proc.stop()
-        stop_recorded_engines(self.agent_dir)
+        for state in self.agent_dirs:
+            stop_recorded_engines(state)
 
 
 @pytest.fixture

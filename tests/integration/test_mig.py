@@ -91,9 +91,11 @@ def test_a_card_with_nothing_carved_runs_nothing_and_says_why(
 
     def unplaceable() -> dict[str, Any] | None:
         model = c.model("big")
-        return model if model["state"] == "unplaceable" else None
+        reported = c.admin.get("/api/v1/status")["nodes"]["reporting"] == 1
+        return model if reported and "report no devices" in (model["reason"] or "") else None
 
     model = wait_until(unplaceable, 30, "the model to be refused")
+    assert model["state"] == "unplaceable"
     assert "no reporting node has a device of class h100-80g" in model["reason"]
     out = CliRunner().invoke(ctl, ["--url", c.control_url, "--token", c.admin_token,
                                    "status"]).output

@@ -1,0 +1,96 @@
+"""What a node should run: the answer to its report.
+
+A single-node replica is one assignment on its node. A multi-node replica is an assignment
+per node: the head (rank 0, the replica's own id, serves HTTP) and a worker per other node
+(id ``<replica id>.w<rank>``); every part learns the replica's rendezvous port and its
+peers' addresses, which the engine driver turns into the engine's own flags.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..store import repo
+
+PART_SEP = ".w"
+
+
+def part_id(replica_id: str, rank: int) -> str:
+    return f"{replica_id}{PART_SEP}{rank}"
+
+
+def _devices(ids: list[int], reported: list[dict[str, Any]]) -> dict[str, Any]:
+    by_id = {d.get("id"): d for d in reported if isinstance(d, dict)}
+    chosen = [by_id[i] for i in ids if i in by_id]
+    if any(d.get("class") == "cpu" for d in chosen) or not chosen:
+        kind = "cpu"
+    else:
+        kind = "mig" if any(d.get("mig") is not None for d in chosen) else "gpu"
+    return {"devices": ids, "device_uuids": [d.get("uuid") for d in chosen],
+            "device_kind": kind}
+
+
+def _base(replica_id: str, model: Any, ids: list[int],
+          reported: list[dict[str, Any]]) -> dict[str, Any]:
+    profile = json.loads(model.profile)
+    return {"replica_id": replica_id, "model": model.name, "engine": model.engine,
+            "source": model.source, "sha256": model.sha256, "size_bytes": model.size_bytes,
+            "args": json.loads(model.args),
+            "profile": {k: profile.get(k, 1) for k in ("gpus", "tp", "pp", "nodes")},
+            **_devices(ids, reported)}
+
+
+class _Addresses:
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.cache: dict[str, str | None] = {}
+
+    def __call__(self, node: str) -> str | None:
+        if node not in self.cache:
+            row = repo.get_node(self.conn, node)
+            self.cache[node] = row.address if row is not None else None
+        return self.cache[node]
+
+
+def _peers(head: Any, parts: list[Any], address: _Addresses) -> list[dict[str, Any]]:
+    return [{"rank": 0, "node": head.node, "address": address(head.node)}] + [
+        {"rank": p.rank, "node": p.node, "address": address(p.node)} for p in parts]
+
+
+def _multi(head: Any, parts: list[Any], rank: int, address: _Addresses) -> dict[str, Any]:
+    return {"role": "head" if rank == 0 else "worker", "rank": rank,
+            "nodes": 1 + len(parts), "rendezvous_port": head.rendezvous_port,
+            "head_address": address(head.node), "peers": _peers(head, parts, address)}
+
+
+def assignments_for(conn: Any, node: str, reported: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every replica and worker part ``node`` should run, for the agent (docs/api.md)."""
+    heads = [r for r in repo.list_replicas(conn, node=node)
+             if r.desired and r.state != "failed"]
+    my_parts = [p for p in repo.parts_on_node(conn, node) if p.state != "failed"]
+    part_heads = {rid: repo.get_replica(conn, rid) for rid in {p.replica_id for p in my_parts}}
+    names = {r.model for r in heads} | {r.model for r in part_heads.values() if r is not None}
+    models = repo.models_named(conn, names)
+    all_parts = repo.parts_of(conn, sorted({r.id for r in heads} | set(part_heads)))
+    address = _Addresses(conn)
+    out = []
+    for row in heads:
+        model = models.get(row.model)
+        if model is None:
+            continue
+        item = _base(row.id, model, json.loads(row.devices), reported)
+        parts = all_parts.get(row.id, [])
+        if parts:
+            item.update(_multi(row, parts, 0, address))
+        out.append(item)
+    for part in my_parts:
+        head = part_heads.get(part.replica_id)
+        model = models.get(head.model) if head is not None else None
+        if head is None or model is None or not head.desired or head.state == "failed":
+            continue
+        item = _base(part_id(head.id, part.rank), model, json.loads(part.devices), reported)
+        item.update(_multi(head, all_parts.get(head.id, []), part.rank, address))
+        item["replica"] = head.id
+        out.append(item)
+    return out
