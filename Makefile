@@ -78,8 +78,10 @@ lint-ansible: $(ANSIBLE_STAMP)
 molecule: ansible-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" molecule/run-all.sh
 
-bench: $(STAMP)
+bench: $(STAMP) system-deps
+	$(BIN)/python bench/planner_bench.py
 	$(BIN)/python bench/router_bench.py
+	$(BIN)/python bench/control_bench.py
 
 clean:
 	rm -rf $(VENV) .llmgw .pytest_cache .mypy_cache .ruff_cache

@@ -78,16 +78,22 @@ def _progress(rep: dict[str, Any]) -> str | None:
     return json.dumps(keep)
 
 
-def _apply_heads(conn: Any, node: str, reported: dict[str, Any], now: float) -> None:
-    for row in repo.list_replicas(conn, node=node):
+def _apply_heads(conn: Any, heads: list[Any], reported: dict[str, Any],
+                 now: float) -> set[str]:
+    """Write what the agent says of the replicas it heads; returns the ids that are gone
+    or failed now (they get no assignment)."""
+    gone: set[str] = set()
+    for row in heads:
         rep = reported.get(row.id)
         if rep is None:
             if not row.desired:
                 repo.delete_replica(conn, row.id)        # stopped as asked
+                gone.add(row.id)
             elif row.state in ("fetching", "starting", "ready"):
                 repo.update_replica(
                     conn, row.id, state="failed", updated=now,
                     last_error=f"the agent on {row.node} no longer runs this replica")
+                gone.add(row.id)
             continue
         if not row.desired or row.state == "failed":
             continue
@@ -97,6 +103,7 @@ def _apply_heads(conn: Any, node: str, reported: dict[str, Any], now: float) -> 
                                   "progress": _progress(rep)}
         if state == "failed":
             values["last_error"] = rep.get("last_error") or "the engine stopped"
+            gone.add(row.id)
         if all(getattr(row, k) == v for k, v in values.items() if k != "updated"):
             continue                                     # nothing new: no write
         repo.update_replica(conn, row.id, **values)
@@ -104,9 +111,13 @@ def _apply_heads(conn: Any, node: str, reported: dict[str, Any], now: float) -> 
             repo.add_event(conn, now, state, row.model,
                            f"replica {row.id} on {row.node} is {state}"
                            + (f": {values['last_error']}" if state == "failed" else ""))
+    return gone
 
 
-def _apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any], now: float) -> None:
+def _apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any],
+                 now: float) -> set[str]:
+    """The same for worker parts on this node; returns the part ids failed now."""
+    gone: set[str] = set()
     for part in parts:
         rep = reported.get(part_id(part.replica_id, part.rank))
         if part.state == "failed":
@@ -116,12 +127,16 @@ def _apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any], now: flo
                 repo.update_part(conn, part.replica_id, part.rank, state="failed", updated=now,
                                  last_error=f"the agent on {part.node} no longer runs this "
                                             "part")
+                gone.add(part_id(part.replica_id, part.rank))
             continue
         state = rep["state"] if rep["state"] != "stopped" else "failed"
         error = (rep.get("last_error") or "the engine stopped") if state == "failed" else None
+        if state == "failed":
+            gone.add(part_id(part.replica_id, part.rank))
         if state != part.state or rep.get("pid") != part.pid:
             repo.update_part(conn, part.replica_id, part.rank, state=state, pid=rep.get("pid"),
                              last_error=error, updated=now)
+    return gone
 
 
 @bp.post("/report")
@@ -140,9 +155,14 @@ def report() -> Any:
     with store().begin() as conn:
         now = clock()
         repo.record_report(conn, g.principal, body, now)
-        _apply_heads(conn, g.principal, reported, now)
-        _apply_parts(conn, repo.parts_on_node(conn, g.principal), reported, now)
-        answer["assignments"] = assignments_for(conn, g.principal, body.get("devices") or [])
+        heads = repo.list_replicas(conn, node=g.principal)
+        parts = repo.parts_on_node(conn, g.principal)
+        gone = _apply_heads(conn, heads, reported, now)
+        gone |= _apply_parts(conn, parts, reported, now)
+        answer["assignments"] = assignments_for(
+            conn, body.get("devices") or [],
+            heads=[r for r in heads if r.id not in gone],
+            parts=[p for p in parts if part_id(p.replica_id, p.rank) not in gone])
         if "sources_hash" in body:
             sources, digest = catalog_sources(conn)
             if body["sources_hash"] != digest:

@@ -64,15 +64,17 @@ def _multi(head: Any, parts: list[Any], rank: int, address: _Addresses) -> dict[
             "head_address": address(head.node), "peers": _peers(head, parts, address)}
 
 
-def assignments_for(conn: Any, node: str, reported: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every replica and worker part ``node`` should run, for the agent (docs/api.md)."""
-    heads = [r for r in repo.list_replicas(conn, node=node)
-             if r.desired and r.state != "failed"]
-    my_parts = [p for p in repo.parts_on_node(conn, node) if p.state != "failed"]
+def assignments_for(conn: Any, reported: list[dict[str, Any]], *, heads: list[Any],
+                    parts: list[Any]) -> list[dict[str, Any]]:
+    """Every replica and worker part a node should run, for its agent (docs/api.md), from
+    the rows of the replicas it heads and the parts it runs (read once per report)."""
+    heads = [r for r in heads if r.desired and r.state != "failed"]
+    my_parts = [p for p in parts if p.state != "failed"]
     part_heads = {rid: repo.get_replica(conn, rid) for rid in {p.replica_id for p in my_parts}}
     names = {r.model for r in heads} | {r.model for r in part_heads.values() if r is not None}
     models = repo.models_named(conn, names)
-    all_parts = repo.parts_of(conn, sorted({r.id for r in heads} | set(part_heads)))
+    multi = {r.id for r in heads if r.rendezvous_port is not None} | set(part_heads)
+    all_parts = repo.parts_of(conn, sorted(multi))
     address = _Addresses(conn)
     out = []
     for row in heads:

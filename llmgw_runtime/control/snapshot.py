@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -10,7 +11,10 @@ from ..placement import DeviceView, ModelView, NodeView, PartView, ReplicaView, 
 from .states import in_backoff, wanted_replicas
 
 
+@functools.lru_cache(maxsize=16384)
 def device_views(devices_json: str) -> tuple[DeviceView, ...]:
+    """The devices of a node's report; cached by the text, since a reconcile pass reads
+    every node each second and reports rarely change."""
     out = []
     for dev in json.loads(devices_json):
         out.append(DeviceView(id=int(dev["id"]), klass=str(dev["class"]),
@@ -20,6 +24,7 @@ def device_views(devices_json: str) -> tuple[DeviceView, ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=16384)
 def weights_views(weights_json: str) -> tuple[frozenset[str] | None, frozenset[str]]:
     """(sources held locally or None when the agent was never told where to look,
     sources seen on a shared filer) from a node's reported weights."""
@@ -44,9 +49,10 @@ def node_view(row: Any) -> NodeView:
 
 
 def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
-          node_timeout_s: float, parts: dict[str, list[Any]] | None = None,
-          replace_after_s: float = 120.0) -> Snapshot:
-    parts = parts or {}
+          node_timeout_s: float, *, parts: dict[str, list[Any]],
+          replace_after_s: float) -> Snapshot:
+    """The planner's snapshot; ``parts`` are the worker parts by replica id (every caller
+    must pass them, or the nodes of multi-node replicas would look free)."""
     by_model: dict[str, list[Any]] = {}
     for rep in replicas:
         by_model.setdefault(rep.model, []).append(rep)

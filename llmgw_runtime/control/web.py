@@ -13,7 +13,7 @@ from flask import Flask, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ..errors import AuthError, ForbiddenError, LlmgwError, ValidationError
-from ..security import bearer, hash_token
+from ..security import PREFIXES, bearer, hash_token
 from ..store import Store, repo
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,9 +83,12 @@ def require(*kinds: str) -> Callable[[F], F]:
                 raise AuthError("this API needs 'Authorization: Bearer <token>'; "
                                 f"use a {' or '.join(kinds)} token")
             token_hash = hash_token(token)
+            # One indexed lookup: node credentials say what they are (llmgw-node-...).
             with store().begin() as conn:
-                account = repo.account_by_hash(conn, token_hash)
-                node = None if account else repo.node_by_credential(conn, token_hash)
+                if token.startswith(PREFIXES["node"]):
+                    account, node = None, repo.node_by_credential(conn, token_hash)
+                else:
+                    account, node = repo.account_by_hash(conn, token_hash), None
             kind = account.kind if account else ("node" if node else None)
             if kind is None:
                 raise AuthError("the token matches no account; check it, or get a new one")

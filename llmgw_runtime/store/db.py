@@ -56,7 +56,7 @@ def _postgres_engine(url: str) -> Engine:
         "postgresql+psycopg2://",
         creator=lambda: psycopg2.connect(dsn, connect_timeout=5),
         pool_pre_ping=True,
-        pool_size=5,
+        pool_size=12,          # gunicorn threads + the reconciler, without churn
         max_overflow=10,
     )
 

@@ -58,6 +58,7 @@ nodes = Table(
     Column("created", Float, nullable=False),
     # JSON: {"source", "driver_version", "cards": [...], "problems": [...]} (revision 0002)
     Column("hardware", Text, nullable=False, default="{}", server_default="{}"),
+    Index("ix_nodes_credential_hash", "credential_hash", unique=True),   # revision 0004
 )
 
 replicas = Table(
