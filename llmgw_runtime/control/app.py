@@ -10,7 +10,7 @@ from flask import Blueprint, Flask, current_app, jsonify
 from .. import __version__, settings
 from ..errors import StoreError
 from ..store import Store, repo
-from . import admin_api, agent_api, routes_api, status_api
+from . import admin_api, agent_api, metrics, routes_api, status_api
 from .config import ControlConfig
 from .openapi import document
 from .reconcile import LEASE, Reconciler
@@ -48,6 +48,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     install_error_handlers(app)
     for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, status_api.bp):
         app.register_blueprint(bp)
+    metrics.install(app, app.extensions["llmgw.store"], config)
     if start_reconciler and config.reconcile:
         reconciler = Reconciler(app.extensions["llmgw.store"], config)
         app.extensions["llmgw.reconciler"] = reconciler

@@ -27,7 +27,7 @@ class ControlConfig:
     admin_token: str = ""
     join_token: str = ""
     router_token: str = ""
-    instance_name: str = ""             # default: hostname:pid
+    instance_name: str = ""             # default: hostname:pid (gunicorn's master pid)
     reconcile_interval_s: float = 1.0
     lease_ttl_s: float = 10.0
     node_timeout_s: float = 30.0        # silent longer: the node is not capacity
@@ -35,9 +35,16 @@ class ControlConfig:
     rendezvous_ports: str = "29500-29999"   # where the parts of multi-node replicas meet
     report_interval_s: float = 2.0
     start_timeout_s: float = 180.0      # a replica not ready by then is a failed start
+    backoff_base_s: float = 5.0         # wait after a failed start, doubling per failure...
+    backoff_cap_s: float = 300.0        # ...up to this
+    placement_warning_every_s: float = 600.0   # repeat an unchanged placement warning
     reconcile: bool = True              # false: serve the APIs only, never lead
     tls_cert: str = ""                  # serve HTTPS with this certificate and key
     tls_key: str = ""
+    ca_file: str = ""                   # the cluster CA: its expiry is a metric
+    # A secret, no default: when set, GET /metrics needs `Authorization: Bearer <it>`;
+    # when empty /metrics is open (it carries model and node names, no secrets).
+    metrics_token: str = ""
 
     def validate(self) -> list[str]:
         problems = []
@@ -48,6 +55,9 @@ class ControlConfig:
         if self.lease_ttl_s <= self.reconcile_interval_s * 2:
             problems.append("LLMGW_LEASE_TTL_S must be more than twice "
                             "LLMGW_RECONCILE_INTERVAL_S, or leadership flaps")
+        if not 0 < self.backoff_base_s <= self.backoff_cap_s:
+            problems.append("LLMGW_BACKOFF_BASE_S must be above 0 and at most "
+                            "LLMGW_BACKOFF_CAP_S")
         if self.replace_after_s < self.node_timeout_s:
             problems.append(f"LLMGW_REPLACE_AFTER_S ({self.replace_after_s:g}) must be at least "
                             f"LLMGW_NODE_TIMEOUT_S ({self.node_timeout_s:g})")
@@ -56,11 +66,16 @@ class ControlConfig:
         except ValueError as exc:
             problems.append(f"LLMGW_RENDEZVOUS_PORTS={self.rendezvous_ports!r}: {exc}")
         problems += tls.serving_problems(self.tls_cert, self.tls_key)
+        problems += tls.ca_problems(self.ca_file)
         url = self.database_url
         if url and not url.startswith(("sqlite:", "postgresql:", "postgres:",
                                        "postgresql+psycopg2:")):
             problems.append("LLMGW_DATABASE_URL must start with sqlite:/// or postgresql://")
         return problems
+
+    @property
+    def backoff(self) -> tuple[float, float]:
+        return self.backoff_base_s, self.backoff_cap_s
 
     @property
     def rendezvous_range(self) -> range:
@@ -78,5 +93,21 @@ class ControlConfig:
         return self.database_url or f"sqlite:///{(self.state_dir / 'llmgw.db').resolve()}"
 
     @property
+    def instance(self) -> str:
+        """This control service across its gunicorn workers: ``instance_name``, or
+        ``hostname:pid`` of the gunicorn master (of this process outside gunicorn)."""
+        if self.instance_name:
+            return self.instance_name
+        under_gunicorn = os.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/")
+        return f"{socket.gethostname()}:{os.getppid() if under_gunicorn else os.getpid()}"
+
+    @property
     def holder(self) -> str:
-        return self.instance_name or f"{socket.gethostname()}:{os.getpid()}"
+        """This worker's lease holder prefix, ``<instance>:<pid>``; the reconciler appends
+        ``:<random>``, so :func:`instance_of_holder` finds the instance again."""
+        return f"{self.instance}:{os.getpid()}"
+
+
+def instance_of_holder(holder: str) -> str:
+    """The control instance of a lease holder ``<instance>:<pid>:<random>``."""
+    return holder.rsplit(":", 2)[0]

@@ -193,6 +193,14 @@ PATHS: dict[str, Any] = {
     "/api/v1/keys": {"get": _op("router API keys (names only)", "Keys"),
                      "post": _op("create a router API key, shown once", "KeyCreated", "201",
                                  body="{name}")},
+    "/metrics": {"get": {
+        "summary": "Prometheus metrics (text exposition format); open unless "
+                   "LLMGW_METRICS_TOKEN is set",
+        "security": [{}, {"metrics": []}],
+        "responses": {
+            "200": {"description": "ok", "content": {"text/plain": {"schema": STR}}},
+            "default": {"description": "error",
+                        "content": {"application/json": {"schema": _ref("Error")}}}}}},
 }
 
 
@@ -204,5 +212,5 @@ def document() -> dict[str, Any]:
         "paths": PATHS,
         "components": {"schemas": SCHEMAS,
                        "securitySchemes": {k: bearer for k in ("admin", "join", "node",
-                                                               "router")}},
+                                                               "router", "metrics")}},
     }

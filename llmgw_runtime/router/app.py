@@ -29,6 +29,7 @@ from .errors import (
     RouterError,
     error_body,
 )
+from .metrics import CONTENT_TYPE, UNKNOWN_MODEL, MetricsMiddleware, RouterMetrics
 from .openapi import openapi_document
 from .proxy import Upstreams, upstream_headers
 from .routes import ControlClient, ModelRoute, RoutesCache, RoutesTable
@@ -44,6 +45,7 @@ class RouterState:
 
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
+        self.metrics = RouterMetrics()
         self.balancer = Balancer()
         self.control = ControlClient(config.control_url, config.router_token,
                                      ca_file=config.ca_file)
@@ -136,6 +138,7 @@ def _refuse(state: str, reason: Any, model: str) -> None:
 
 
 def _error_response(exc: RouterError) -> Response:
+    RouterMetrics.error_answered(request.environ, exc.code)
     resp = jsonify(exc.body())
     resp.status_code = exc.status
     return resp
@@ -160,6 +163,8 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' is missing or not a string; set it to one of the ids "
                                  "GET /v1/models lists", param="model")
+        state.metrics.model_named(request.environ,
+                                  model if model in table.models else UNKNOWN_MODEL)
         route = state.resolve(model, table)
         return state.upstreams.forward(model, route.endpoints, path, body,
                                        upstream_headers(request.headers.items()))
@@ -212,14 +217,21 @@ def create_app(config: RouterConfig | None = None) -> Flask:
     def openapi() -> Response:
         return jsonify(openapi_document(VERSION))
 
+    @app.get("/metrics")
+    def metrics() -> Response:
+        """Open, like /healthz: counts and timings per model name, no secrets."""
+        return Response(state.metrics.render(), content_type=CONTENT_TYPE)
+
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.code or 500, "http_error")
+        RouterMetrics.error_answered(request.environ, code)
         resp = jsonify(error_body(f"{request.method} {request.path}: {exc.description}",
                                   "invalid_request_error", code))
         resp.status_code = exc.code or 500
         return resp
 
+    app.wsgi_app = MetricsMiddleware(app.wsgi_app, state.metrics)  # type: ignore[method-assign]
     return app
 
 

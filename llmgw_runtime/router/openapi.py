@@ -115,6 +115,12 @@ def openapi_document(version: str) -> dict[str, Any]:
                         "application/json": {"schema": {"$ref": "#/components/schemas/Healthz"}}}},
                 },
             }},
+            "/metrics": {"get": {
+                "summary": "Prometheus metrics (text exposition format), summed over the "
+                           "router's workers; no API key",
+                "responses": {"200": {"description": "the metrics", "content": {
+                    "text/plain": {"schema": {"type": "string"}}}}},
+            }},
             "/openapi.json": {"get": {
                 "summary": "This document",
                 "responses": {"200": {"description": "OpenAPI 3.1 document",

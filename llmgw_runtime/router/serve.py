@@ -4,11 +4,20 @@ gunicorn's gevent worker patches the standard library before it loads the app, a
 :meth:`_RouterApplication.load` imports the app only then, in the worker: pools, threads
 and the routes loop are all made after patching. SIGTERM stops gracefully (in-flight
 requests get ``graceful_timeout``), SIGINT/SIGQUIT at once (gunicorn's own handling).
+
+Metrics: :func:`run` makes a private directory for prometheus_client's multiprocess mode and
+names it in ``PROMETHEUS_MULTIPROC_DIR`` before any worker forks (and before anything imports
+prometheus_client: nothing on the way here does), so every worker's counters land there and
+``/metrics`` on any worker adds them up. A worker that exits has its in-flight gauge dropped
+(``child_exit``); the directory goes when the router stops.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
@@ -17,6 +26,7 @@ from .. import tls
 from .config import RouterConfig
 
 GRACEFUL_TIMEOUT_S = 30
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"   # read by prometheus_client at its import
 
 
 def gunicorn_options(config: RouterConfig) -> dict[str, Any]:
@@ -38,6 +48,15 @@ def gunicorn_options(config: RouterConfig) -> dict[str, Any]:
     }
 
 
+def _child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook, in the master: a dead worker's requests are no longer in flight."""
+    from prometheus_client import multiprocess
+
+    path = os.environ.get(MULTIPROC_DIR_ENV)
+    if path:
+        multiprocess.mark_process_dead(worker.pid, path)
+
+
 class _RouterApplication(BaseApplication):  # type: ignore[misc]
     def __init__(self, config: RouterConfig) -> None:
         self._config = config
@@ -47,6 +66,7 @@ class _RouterApplication(BaseApplication):  # type: ignore[misc]
         for key, value in gunicorn_options(self._config).items():
             if key in self.cfg.settings:
                 self.cfg.set(key, value)
+        self.cfg.set("child_exit", _child_exit)
 
     def load(self) -> Any:
         from .app import create_app  # imported in the worker, after gevent patched
@@ -59,4 +79,9 @@ def run(config: RouterConfig) -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
-    _RouterApplication(config).run()
+    metrics_dir = tempfile.mkdtemp(prefix="llmgw-router-metrics-")   # mode 0700
+    os.environ[MULTIPROC_DIR_ENV] = metrics_dir     # fresh: no counts of an earlier run
+    try:
+        _RouterApplication(config).run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)

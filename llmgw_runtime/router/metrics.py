@@ -1,0 +1,173 @@
+"""Prometheus metrics of the router, served at ``GET /metrics``.
+
+Under gunicorn (``serve.run``) every worker writes its counters to files in a private
+directory (``PROMETHEUS_MULTIPROC_DIR``, made by ``serve.run`` before the workers fork, so
+prometheus_client sees it when a worker first imports it) and a scrape of any worker adds
+up all of them: prometheus_client's multiprocess mode. Without that directory (an app made
+in-process, as tests do) each app has its own plain registry.
+
+A WSGI middleware times each proxied request until its last byte was handed to the server
+(the server closes the answer then) and until its first byte; the view names the model
+(``(unknown)`` for one not in the routes table, so a client cannot grow the label set)
+and the error code it answered with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+UNKNOWN_MODEL = "(unknown)"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+PROXIED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+# From an embedding (milliseconds) to a long generation (minutes).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                    60.0, 120.0, 300.0, 600.0)
+# Prompt processing, or an on-demand model's activation (up to activation_timeout_s).
+TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0)
+
+_MODEL = "llmgw.metrics.model"       # request.environ keys the view sets
+_ERROR = "llmgw.metrics.error"
+
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+class RouterMetrics:
+    """The router's counters, histograms and gauge, and the registry ``/metrics`` shows."""
+
+    def __init__(self, multiproc_dir: str | None = None) -> None:
+        multiproc_dir = multiproc_dir or os.environ.get(MULTIPROC_DIR_ENV) or None
+        self.registry = CollectorRegistry(auto_describe=False)
+        if multiproc_dir:
+            if values.ValueClass is values.MutexValue:
+                raise RuntimeError(
+                    "prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set, "
+                    "so each worker would count alone; import it only in the workers")
+            # Values live in this worker's files; a scrape reads every worker's.
+            multiprocess.MultiProcessCollector(self.registry, path=multiproc_dir)
+            owner: CollectorRegistry | None = None
+        else:
+            owner = self.registry
+        self.multiprocess = bool(multiproc_dir)
+        self.requests = Counter(
+            "llmgw_router_requests", "Requests naming a model, by the HTTP status answered",
+            ["model", "code"], registry=owner)
+        self.errors = Counter(
+            "llmgw_router_errors", "Requests the router refused or failed, by the OpenAI "
+            "error code it answered", ["model", "code"], registry=owner)
+        self.duration = Histogram(
+            "llmgw_router_request_duration_seconds",
+            "From the request to the last byte of the answer", ["model"],
+            buckets=DURATION_BUCKETS, registry=owner)
+        self.ttfb = Histogram(
+            "llmgw_router_time_to_first_byte_seconds",
+            "From the request to the first byte of the answer's body", ["model"],
+            buckets=TTFB_BUCKETS, registry=owner)
+        self.in_flight = Gauge(
+            "llmgw_router_in_flight", "Requests of the model being answered now", ["model"],
+            multiprocess_mode="livesum", registry=owner)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # ------------------------------------------------------------ called by the views
+
+    def model_named(self, environ: dict[str, Any], label: str) -> None:
+        """The request is for ``label`` (a routed model or ``(unknown)``): in flight now."""
+        if _MODEL not in environ:
+            environ[_MODEL] = label
+            self.in_flight.labels(label).inc()
+
+    @staticmethod
+    def error_answered(environ: dict[str, Any], code: str) -> None:
+        environ[_ERROR] = code
+
+    # ------------------------------------------------------------ called by the middleware
+
+    def finished(self, environ: dict[str, Any], status: str, duration_s: float) -> None:
+        model = environ.get(_MODEL)
+        label = model or UNKNOWN_MODEL
+        self.requests.labels(label, status).inc()
+        self.duration.labels(label).observe(duration_s)
+        error = environ.get(_ERROR)
+        if error:
+            self.errors.labels(label, error).inc()
+        if model is not None:
+            self.in_flight.labels(model).dec()
+
+    def first_byte(self, environ: dict[str, Any], ttfb_s: float) -> None:
+        self.ttfb.labels(environ.get(_MODEL) or UNKNOWN_MODEL).observe(ttfb_s)
+
+
+class MetricsMiddleware:
+    """Counts and times the proxied routes; every other path goes straight through."""
+
+    def __init__(self, app: WSGIApp, metrics: RouterMetrics) -> None:
+        self._app = app
+        self._metrics = metrics
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Any:
+        if environ.get("PATH_INFO") not in PROXIED_PATHS:
+            return self._app(environ, start_response)
+        started = time.perf_counter()
+        status = ["500"]
+
+        def start(status_line: str, headers: Any, exc_info: Any = None) -> Any:
+            status[0] = status_line[:3]
+            return start_response(status_line, headers, exc_info)
+
+        try:
+            body = self._app(environ, start)
+        except BaseException:
+            self._metrics.finished(environ, "500", time.perf_counter() - started)
+            raise
+        return _Observed(body, self._metrics, environ, status, started)
+
+
+class _Observed:
+    """The answer's body: notes the first byte, and the end when the server closes it."""
+
+    __slots__ = ("_body", "_it", "_metrics", "_environ", "_status", "_started", "_first",
+                 "_closed")
+
+    def __init__(self, body: Iterable[bytes], metrics: RouterMetrics,
+                 environ: dict[str, Any], status: list[str], started: float) -> None:
+        self._body = body
+        self._it: Iterator[bytes] | None = None
+        self._metrics = metrics
+        self._environ = environ
+        self._status = status
+        self._started = started
+        self._first = True
+        self._closed = False
+
+    def __iter__(self) -> _Observed:
+        self._it = iter(self._body)
+        return self
+
+    def __next__(self) -> bytes:
+        assert self._it is not None
+        chunk = next(self._it)
+        if self._first and chunk:
+            self._first = False
+            self._metrics.first_byte(self._environ, time.perf_counter() - self._started)
+        return chunk
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if not self._closed:
+                self._closed = True
+                self._metrics.finished(self._environ, self._status[0],
+                                       time.perf_counter() - self._started)
