@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.llmgw-installed
 
 .PHONY: up runtime-deps test test-fast lint typecheck pytest bench system-deps clean \
-        ansible-deps lint-ansible molecule
+        ansible-deps lint-ansible molecule alerts
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,7 +49,12 @@ pytest: $(STAMP) ansible-deps system-deps runtime-deps
 # The Python checks alone (a minute); `test` adds ansible-lint and every Molecule scenario.
 test-fast: lint typecheck pytest
 
-test: test-fast lint-ansible molecule
+test: test-fast alerts lint-ansible molecule
+
+# The alert rules: promtool check rules and promtool's unit tests (Debian's prometheus
+# package provides promtool; the script installs it as root when missing).
+alerts:
+	monitoring/check.sh
 
 # Ansible, its collections (community.crypto, containers.podman, ...), Molecule with podman,
 # ansible-lint, testinfra; then, as root and only when missing, what Molecule's podman

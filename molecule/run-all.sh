@@ -8,7 +8,7 @@
 #                                                          or "cluster")
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ORDER=(common tls engines control router agent)
+ORDER=(common tls engines control router agent monitoring)
 ONLY="${LLMGW_MOLECULE_ONLY:-}"
 
 wanted() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
