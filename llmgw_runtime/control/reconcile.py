@@ -88,7 +88,8 @@ class Reconciler:
         self._stop.set()
 
 
-def _record_failure(conn: Connection, model: Any, message: str, now: float) -> None:
+def _record_failure(conn: Connection, model: Any, message: str, now: float,
+                    config: ControlConfig) -> None:
     failures = model.consecutive_failures + 1
     values: dict[str, Any] = {"consecutive_failures": failures, "last_error": message,
                               "last_failure_at": now}
@@ -102,7 +103,7 @@ def _record_failure(conn: Connection, model: Any, message: str, now: float) -> N
                        f"Last error: {message}")
     else:
         repo.add_event(conn, now, "backoff", model.name,
-                       f"next start in {backoff_s(failures):.0f} s")
+                       f"next start in {backoff_s(failures, *config.backoff):.0f} s")
     repo.update_model(conn, model.name, **values)
 
 
@@ -143,7 +144,7 @@ def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
                 f"not ready within {config.start_timeout_s:.0f} s of being placed on "
                 f"{rep.node}")
             if model is not None:
-                _record_failure(conn, model, message, now)
+                _record_failure(conn, model, message, now, config)
                 models[rep.model] = repo.get_model(conn, rep.model)
             repo.delete_replica(conn, rep.id)
             continue
@@ -161,7 +162,7 @@ def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
     live = [r for reps in by_model.values() for r in reps]
     snap = snapshot.build(list(models.values()), list(nodes.values()), live, now,
                           config.node_timeout_s, parts=parts,
-                          replace_after_s=config.replace_after_s)
+                          replace_after_s=config.replace_after_s, backoff=config.backoff)
     plan = place(snap)
     taken_ports: set[int] = set()
     for start in plan.starts:
@@ -195,3 +196,19 @@ def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
             repo.update_model(conn, model.name, placement_reason=reason)
             if reason:
                 repo.add_event(conn, now, "unplaceable", model.name, reason)
+        _warn_placement(model.name, reason, now, config.placement_warning_every_s)
+
+
+_warned: dict[str, tuple[str, float]] = {}
+
+
+def _warn_placement(model: str, reason: str | None, now: float, every_s: float) -> None:
+    """Log a model that cannot be placed when its reason changes, else at most every
+    ``every_s`` (not every tick: a cluster once logged "no placement" 250 times)."""
+    if reason is None:
+        _warned.pop(model, None)
+        return
+    last = _warned.get(model)
+    if last is None or last[0] != reason or now - last[1] >= every_s:
+        log.warning("model %s cannot be placed: %s", model, reason)
+        _warned[model] = (reason, now)

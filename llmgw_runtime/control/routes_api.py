@@ -83,7 +83,10 @@ def activate() -> Any:
         replicas = repo.list_replicas(conn)
         nodes = repo.list_nodes(conn)
         live = [r for r in replicas if r.desired and r.state != "failed"]
-        plan = place(snapshot.build(models, nodes, live, now, config.node_timeout_s))
+        plan = place(snapshot.build(models, nodes, live, now, config.node_timeout_s,
+                                    parts=repo.parts_by_replica(conn),
+                                    replace_after_s=config.replace_after_s,
+                                    backoff=config.backoff))
         reason = plan.unplaceable.get(name)
         if reason:
             repo.update_model(conn, name, placement_reason=reason)

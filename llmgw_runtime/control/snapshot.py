@@ -50,7 +50,7 @@ def node_view(row: Any) -> NodeView:
 
 def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
           node_timeout_s: float, *, parts: dict[str, list[Any]],
-          replace_after_s: float) -> Snapshot:
+          replace_after_s: float, backoff: tuple[float, float]) -> Snapshot:
     """The planner's snapshot; ``parts`` are the worker parts by replica id (every caller
     must pass them, or the nodes of multi-node replicas would look free)."""
     by_model: dict[str, list[Any]] = {}
@@ -60,7 +60,8 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
         ModelView(spec=spec_from_row(m),
                   wanted=wanted_replicas(m, by_model.get(m.name, []), now),
                   parked=bool(m.parked),
-                  hold_starts=in_backoff(m.consecutive_failures, m.last_failure_at, now))
+                  hold_starts=in_backoff(m.consecutive_failures, m.last_failure_at, now,
+                                         *backoff))
         for m in models)
     replica_views = tuple(
         ReplicaView(id=r.id, model=r.model, node=r.node,

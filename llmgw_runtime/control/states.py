@@ -20,17 +20,20 @@ class ModelState:
     wanted: int
 
 
-def backoff_s(consecutive_failures: int) -> float:
-    """How long to wait before the next start after ``consecutive_failures`` in a row."""
+def backoff_s(consecutive_failures: int, base_s: float = BACKOFF_BASE_S,
+              cap_s: float = BACKOFF_CAP_S) -> float:
+    """How long to wait before the next start after ``consecutive_failures`` in a row:
+    doubling from ``base_s``, at most ``cap_s``."""
     if consecutive_failures <= 0:
         return 0.0
-    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (consecutive_failures - 1))
+    return min(cap_s, base_s * 2 ** (consecutive_failures - 1))
 
 
-def in_backoff(consecutive_failures: int, last_failure_at: float | None, now: float) -> bool:
+def in_backoff(consecutive_failures: int, last_failure_at: float | None, now: float,
+               base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> bool:
     if last_failure_at is None:
         return False
-    return now < last_failure_at + backoff_s(consecutive_failures)
+    return now < last_failure_at + backoff_s(consecutive_failures, base_s, cap_s)
 
 
 def wanted_replicas(model: Any, replicas: list[Any], now: float) -> int:

@@ -42,7 +42,7 @@ def plan() -> Any:
         now = clock()
     live = [r for r in replicas if r.desired and r.state != "failed"]
     snap = snapshot.build(models, nodes, live, now, config.node_timeout_s, parts=parts,
-                          replace_after_s=config.replace_after_s)
+                          replace_after_s=config.replace_after_s, backoff=config.backoff)
     result = place(snap)
     node_dicts = [repo.node_to_dict(n) for n in nodes]
     replica_dicts = [repo.replica_to_dict(r, parts.get(r.id)) for r in live]

@@ -108,3 +108,22 @@ def test_status_and_plan_say_which_fabric_holds_which_model(api: Api) -> None:
     assert plan["models"]["small"] == {"fabrics_with_weights": ["ib-a"],
                                        "nodes_with_weights": 2}
     assert plan["models"]["big"]["fabrics_with_weights"] == []
+
+
+def test_a_placement_warning_is_logged_once_per_reason_not_every_tick(
+        api: Api, caplog: Any) -> None:
+    import logging
+
+    from llmgw_runtime.control import reconcile
+
+    reconcile._warned.clear()
+    put(api, BIG)                                   # two nodes needed, none reporting
+    with caplog.at_level(logging.WARNING, logger="llmgw_runtime.control.reconcile"):
+        for _ in range(5):
+            api.reconciler.run_cycle()
+        fleet(api, {"n1": "ib-a"})                  # a new reason: one node, no partner
+        for _ in range(5):
+            api.reconciler.run_cycle()
+    warnings = [r.getMessage() for r in caplog.records if "cannot be placed" in r.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert "no reporting node" in warnings[0] and "ib-a has 1 free" in warnings[1]

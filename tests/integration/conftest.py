@@ -58,13 +58,14 @@ class Cluster:
         self.procs[name] = proc
         return proc
 
-    def start_control(self) -> None:
+    def start_control(self, env: dict[str, str] | None = None) -> None:
         proc = self._start("control", [
             "server", "--host", "127.0.0.1", "--port", str(self.control_port),
             "--database-url", self.store_url, "--state-dir", str(self.root), "--workers", "1",
         ], {"LLMGW_ADMIN_TOKEN": self.admin_token, "LLMGW_JOIN_TOKEN": self.join_token,
             "LLMGW_ROUTER_TOKEN": self.router_token, "LLMGW_RECONCILE_INTERVAL_S": "0.3",
-            "LLMGW_LEASE_TTL_S": "3", "LLMGW_REPORT_INTERVAL_S": "0.5", **self._tls("control")})
+            "LLMGW_LEASE_TTL_S": "3", "LLMGW_REPORT_INTERVAL_S": "0.5", **self._tls("control"),
+            **(env or {})})
         wait_until(lambda: http_ok(self.control_url + "/healthz", self.ca_file) or
                    proc.proc.poll() is not None, 30, "the control service")
         assert proc.proc.poll() is None, proc.tail()
