@@ -107,7 +107,7 @@ def _record_failure(conn: Connection, model: Any, message: str, now: float,
     repo.update_model(conn, model.name, **values)
 
 
-def _part_failure(rep: Any, parts: list[Any]) -> str | None:
+def _part_failure(parts: list[Any]) -> str | None:
     for part in parts:
         if part.state == "failed":
             return (f"part {part.rank} on {part.node} failed: "
@@ -136,7 +136,7 @@ def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
             if node_dead:
                 repo.delete_replica(conn, rep.id)   # nobody is left to stop it
             continue
-        part_failure = _part_failure(rep, parts.get(rep.id, []))
+        part_failure = _part_failure(parts.get(rep.id, []))
         if rep.state == "failed" or part_failure or (
                 rep.state in ("pending", "starting")
                 and now - rep.started > config.start_timeout_s):

@@ -68,9 +68,6 @@ class NodeState:
     def free(self, klass: str) -> int:
         return sum(1 for d in self.by_class.get(klass, ()) if d.users == 0)
 
-    def free_ids(self, klass: str) -> set[int]:
-        return {d.id for d in self.by_class.get(klass, ()) if d.users == 0}
-
 
 @dataclass(frozen=True)
 class Request:
