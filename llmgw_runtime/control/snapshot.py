@@ -8,6 +8,7 @@ from typing import Any
 
 from ..catalog import spec_from_row
 from ..placement import DeviceView, ModelView, NodeView, PartView, ReplicaView, Snapshot
+from ..weights.scan import held_sources
 from .states import in_backoff, wanted_replicas
 
 
@@ -31,14 +32,7 @@ def weights_views(weights_json: str) -> tuple[frozenset[str] | None, frozenset[s
     weights = json.loads(weights_json or "{}")
     if not isinstance(weights, dict) or not weights.get("dirs"):
         return None, frozenset()
-    sources = weights.get("sources") or {}
-    if not isinstance(sources, dict):
-        return frozenset(), frozenset()
-    local = frozenset(s for s, seen in sources.items()
-                      if not (isinstance(seen, dict) and seen.get("shared")))
-    shared = frozenset(s for s, seen in sources.items()
-                       if isinstance(seen, dict) and seen.get("shared"))
-    return local, shared
+    return held_sources(weights)
 
 
 def node_view(row: Any) -> NodeView:

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from ..devices.model import label
+from ..weights.scan import held_sources
 
 ACTIVE = ("pending", "fetching", "starting", "ready")
 NO_FABRIC = "(none)"
@@ -69,13 +70,6 @@ def idle_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _seen(node: dict[str, Any]) -> tuple[set[str], set[str]]:
-    """(sources held locally, sources on a shared filer) that a node reported."""
-    sources = (node.get("weights") or {}).get("sources") or {}
-    local = {s for s, v in sources.items() if not (isinstance(v, dict) and v.get("shared"))}
-    return local, set(sources) - local
-
-
 def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: float,
             node_timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Weights per fabric, from reporting nodes: which models each fabric holds (a copy on
@@ -83,7 +77,7 @@ def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: floa
     it without a copy and how many nodes hold it (a shared filer counts for every node of
     its fabric). Nodes without a fabric are listed together under ``(none)``."""
     out: dict[str, Any] = {}
-    local_of: dict[str, set[str]] = {}
+    local_of: dict[str, frozenset[str]] = {}
     shared_of: dict[str, set[str]] = {}
     members: dict[str, list[str]] = {}
     for node in nodes:
@@ -93,7 +87,7 @@ def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: floa
         if not node_alive(node, now, node_timeout_s):
             continue
         entry["reporting"] += 1
-        local, shared = _seen(node)
+        local, shared = held_sources(node.get("weights") or {})
         local_of[node["name"]] = local
         # without a fabric a node shares its filer with nobody
         shared_of.setdefault(name if node.get("fabric") else "node:" + node["name"],
