@@ -29,12 +29,19 @@ runtime-deps:
 	  else echo "libgomp1 is missing: apt-get install libgomp1 (as root)"; exit 1; fi; \
 	fi
 
-# Debian packages the tests need, only when missing and only as root.
+# Debian packages the tests need, only when missing and only as root: PostgreSQL, etcd and
+# Patroni (the replicated store on loopback), Chromium and its WebDriver (the console).
 system-deps:
-	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
+	command -v patroni >/dev/null || missing="$$missing patroni"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
-	  else echo "PostgreSQL server binaries are missing: apt-get install postgresql (as root)"; exit 1; fi; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	  else echo "missing Debian packages:$$missing (apt-get install them as root)"; exit 1; fi; \
 	fi
 
 lint: $(STAMP)
