@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 import time
 from typing import Any
 
 import click
 
+from ..catalog import parse_duration
+from ..status.render import render
 from ..status.summary import device_label
 from .client import Client, admin_token
 from .output import ago, emit, output_option, table
@@ -173,31 +177,44 @@ def retry(ctx: click.Context, model: str) -> None:
 
 @ctl.command()
 @output_option
+@click.option("-w", "--watch", is_flag=True, help="redraw every --interval seconds (Ctrl-C ends)")
+@click.option("--interval", type=click.FloatRange(0.5), default=2.0, show_default=True,
+              help="seconds between redraws with --watch")
+@click.option("--idle-after", default=None,
+              help="a replica unused this long counts as idle (30m, 1h; default: the "
+                   "control service's LLMGW_IDLE_AFTER_S, 15m)")
+@click.option("--color/--no-color", default=None,
+              help="colour the output [on a terminal, unless NO_COLOR is set]")
 @click.pass_context
-def status(ctx: click.Context, fmt: str) -> None:
-    """One screen: nodes, devices by class, replicas by state, models and what is wrong."""
-    data = client(ctx).get("/api/v1/status")
-    if fmt == "json":
-        emit(data, [], [], "json")
+def status(ctx: click.Context, fmt: str, watch: bool, interval: float,
+           idle_after: str | None, color: bool | None) -> None:
+    """How full the fleet is, what is broken, what holds cards nobody uses: one summary
+    (JSON schema: docs/api.md), fitted to the terminal's width."""
+    path = "/api/v1/status"
+    if idle_after is not None:
+        try:
+            path += f"?idle_after_s={parse_duration(idle_after):g}"
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--idle-after") from None
+    if color is None:
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    api = client(ctx)
+    try:
+        while True:
+            data = api.get(path)
+            if fmt == "json":
+                text = json.dumps(data, indent=2) + "\n"
+            else:
+                text = render(data, shutil.get_terminal_size((100, 40)).columns, color)
+            if not watch:
+                click.echo(text, nl=False, color=color)   # click strips colour off a TTY
+                return
+            click.clear()
+            click.echo(f"every {interval:g}s, {time.strftime('%H:%M:%S')}; Ctrl-C ends\n\n"
+                       + text, nl=False, color=color)
+            time.sleep(interval)
+    except KeyboardInterrupt:
         return
-    nodes_ = data["nodes"]
-    click.echo(f"nodes: {nodes_['reporting']}/{nodes_['total']} reporting"
-               + (f" ({nodes_['silent']} silent)" if nodes_["silent"] else "")
-               + "   replicas: "
-               + (", ".join(f"{k} {v}" for k, v in data["replicas"].items()) or "none"))
-    click.echo("")
-    click.echo(device_table(data["devices"]))
-    unusable = unusable_lines(data["cards_unusable"])
-    if unusable:
-        click.echo("\ncards that can run nothing:\n" + unusable)
-    click.echo("\n" + table([(m["name"], m["state"] + (" (on demand)" if m["on_demand"] else ""),
-                               f"{m['ready']}/{m['wanted']}",
-                               ",".join(m.get("fabrics_with_weights") or []) or "-",
-                               m["reason"] or "")
-                              for m in data["models"]],
-                             ("MODEL", "STATE", "READY", "WEIGHTS IN", "REASON")))
-    if data.get("fabrics"):
-        click.echo("\n" + fabric_table(data["fabrics"]))
 
 
 def fabric_table(fabrics: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ class ControlConfig:
     backoff_base_s: float = 5.0         # wait after a failed start, doubling per failure...
     backoff_cap_s: float = 300.0        # ...up to this
     placement_warning_every_s: float = 600.0   # repeat an unchanged placement warning
+    idle_after_s: float = 900.0         # status views: a replica unused this long is idle
     reconcile: bool = True              # false: serve the APIs only, never lead
     tls_cert: str = ""                  # serve HTTPS with this certificate and key
     tls_key: str = ""
@@ -45,6 +46,10 @@ class ControlConfig:
     # A secret, no default: when set, GET /metrics needs `Authorization: Bearer <it>`;
     # when empty /metrics is open (it carries model and node names, no secrets).
     metrics_token: str = ""
+    # Web console: a login lasts this long (seconds; the cookie's max-age, 12 h), and read
+    # pages reload themselves every console_refresh_s seconds (0: never).
+    console_session_s: float = 43200.0
+    console_refresh_s: float = 10.0
 
     def validate(self) -> list[str]:
         problems = []

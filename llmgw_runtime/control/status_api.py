@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, current_app, jsonify, request
 
+from ..errors import ValidationError
 from ..placement import place
 from ..status import summary
 from ..store import repo
@@ -17,9 +18,9 @@ from .web import clock, require, store
 bp = Blueprint("status", __name__, url_prefix="/api/v1")
 
 
-@bp.get("/status")
-@require("admin")
-def status() -> Any:
+def current(idle_after_s: float | None = None) -> dict[str, Any]:
+    """The fleet summary now: what ``GET /api/v1/status``, ``ctl status`` and the console
+    show, from one read of the store."""
     config = current_app.config["LLMGW"]
     with store().begin() as conn:
         now = clock()
@@ -27,7 +28,34 @@ def status() -> Any:
         nodes = [repo.node_to_dict(n) for n in repo.list_nodes(conn)]
         parts = repo.parts_by_replica(conn)
         replicas = [repo.replica_to_dict(r, parts.get(r.id)) for r in repo.list_replicas(conn)]
-    return jsonify(summary.build(models, nodes, replicas, now, config.node_timeout_s))
+    return summary.build(models, nodes, replicas, now, config.node_timeout_s,
+                         idle_after_s=config.idle_after_s if idle_after_s is None
+                         else idle_after_s,
+                         store=store_health())
+
+
+def store_health() -> dict[str, Any]:
+    """The store's backend and, for a replicated one, its members."""
+    return {"backend": store().dialect, "members": None}
+
+
+def idle_after_arg() -> float | None:
+    raw = request.args.get("idle_after_s")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValidationError(f"idle_after_s={raw!r} must be a number of seconds, 0 or more")
+    return value
+
+
+@bp.get("/status")
+@require("admin")
+def status() -> Any:
+    return jsonify(current(idle_after_arg()))
 
 
 @bp.get("/plan")

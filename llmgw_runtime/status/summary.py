@@ -11,6 +11,7 @@ from ..weights.scan import held_sources
 
 ACTIVE = ("pending", "fetching", "starting", "ready")
 NO_FABRIC = "(none)"
+SCHEMA = 1                      # bump when a field changes meaning or goes away
 
 
 def device_label(dev: dict[str, Any]) -> str:
@@ -25,16 +26,23 @@ def node_alive(node: dict[str, Any], now: float, node_timeout_s: float) -> bool:
     return node.get("last_report") is not None and now - node["last_report"] <= node_timeout_s
 
 
-def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]],
-                     now: float, node_timeout_s: float) -> dict[str, dict[str, int]]:
-    """Per device class: total, used, free, unhealthy. An unhealthy device is neither used
-    nor free; a node that stopped reporting counts in ``unreachable``, not in free."""
+def used_devices(replicas: list[dict[str, Any]]) -> set[tuple[str, int]]:
+    """(node, device id) of every device an active replica (or one of its parts) holds."""
     used: set[tuple[str, int]] = set()
     for r in replicas:
         if r.get("desired", True) and r["state"] in ACTIVE:
             used.update((r["node"], d) for d in r["devices"])
             for part in r.get("parts") or []:
                 used.update((part["node"], d) for d in part["devices"])
+    return used
+
+
+def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]],
+                     now: float, node_timeout_s: float,
+                     used: set[tuple[str, int]] | None = None) -> dict[str, dict[str, int]]:
+    """Per device class: total, used, free, unhealthy. An unhealthy device is neither used
+    nor free; a node that stopped reporting counts in ``unreachable``, not in free."""
+    used = used_devices(replicas) if used is None else used
     counts: dict[str, Counter[str]] = {}
     for node in nodes:
         alive = node_alive(node, now, node_timeout_s)
@@ -51,6 +59,13 @@ def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
                 c["free"] += 1
     keys = ("total", "used", "free", "unhealthy", "unreachable")
     return {k: {key: v[key] for key in keys} for k, v in sorted(counts.items())}
+
+
+def free_whole(node: dict[str, Any], used: set[tuple[str, int]]) -> bool:
+    """A node a multi-node replica could take: it has devices, all healthy, none in use."""
+    devices = node.get("devices") or []
+    return bool(devices) and all(dev.get("healthy", True)
+                                 and (node["name"], dev["id"]) not in used for dev in devices)
 
 
 def idle_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -71,37 +86,44 @@ def idle_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: float,
-            node_timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+            node_timeout_s: float, used: set[tuple[str, int]] | None = None,
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Weights per fabric, from reporting nodes: which models each fabric holds (a copy on
     some node, or on a shared filer its nodes see), and per model which fabrics could serve
     it without a copy and how many nodes hold it (a shared filer counts for every node of
-    its fabric). Nodes without a fabric are listed together under ``(none)``."""
+    its fabric). Also the whole nodes free in each fabric (reporting, healthy, nothing
+    running), which decide whether a multi-node replica can land there (``used`` as from
+    ``used_devices``; none given, nothing is in use). Nodes without a fabric are listed
+    together under ``(none)``."""
+    used = used or set()
     out: dict[str, Any] = {}
     local_of: dict[str, frozenset[str]] = {}
     shared_of: dict[str, set[str]] = {}
-    members: dict[str, list[str]] = {}
+    alive: list[tuple[str, str]] = []          # (node, fabric) of reporting nodes
     for node in nodes:
         name = node.get("fabric") or NO_FABRIC
-        entry = out.setdefault(name, {"nodes": 0, "reporting": 0, "models": []})
+        entry = out.setdefault(name, {"nodes": 0, "reporting": 0, "free_nodes": 0,
+                                       "models": []})
         entry["nodes"] += 1
         if not node_alive(node, now, node_timeout_s):
             continue
         entry["reporting"] += 1
+        entry["free_nodes"] += free_whole(node, used)
         local, shared = held_sources(node.get("weights") or {})
         local_of[node["name"]] = local
-        # without a fabric a node shares its filer with nobody
-        shared_of.setdefault(name if node.get("fabric") else "node:" + node["name"],
-                             set()).update(shared)
-        members.setdefault(name, []).append(node["name"])
+        shared_of.setdefault(_filer_group(name, node["name"]), set()).update(shared)
+        alive.append((node["name"], name))
+    # holders[fabric][source]: reporting nodes of the fabric that see the source
+    holders: dict[str, Counter[str]] = {}
+    for node_name, fabric in alive:
+        seen = local_of[node_name] | shared_of.get(_filer_group(fabric, node_name), set())
+        holders.setdefault(fabric, Counter()).update(seen)
     per_model: dict[str, Any] = {}
     for m in models:
         src, where, count = m["source"], [], 0
-        for fabric, names in members.items():
-            holders = [n for n in names if src in local_of[n]
-                       or src in shared_of.get(fabric if fabric != NO_FABRIC else "node:" + n,
-                                               set())]
-            count += len(holders)
-            if holders:
+        for fabric, held in holders.items():
+            if held[src]:
+                count += held[src]
                 where.append(fabric)
                 out[fabric]["models"].append(m["name"])
         per_model[m["name"]] = {"fabrics_with_weights": sorted(where),
@@ -111,19 +133,65 @@ def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: floa
     return dict(sorted(out.items())), per_model
 
 
+def idle_replicas(replicas: list[dict[str, Any]], nodes: list[dict[str, Any]], now: float,
+                  idle_after_s: float) -> dict[str, Any]:
+    """"What can I stop": ready replicas nobody asked for in the last ``idle_after_s``
+    (from the routers' idle map), longest idle first, with the cards they hold. A replica
+    no router has reported is unknown, not idle: listed apart, ``idle_s`` -1."""
+    labels = {(n["name"], d["id"]): device_label(d)
+              for n in nodes for d in n.get("devices", [])}
+    idle, unknown = [], []
+    for r in replicas:
+        if r["state"] != "ready" or not r.get("desired", True):
+            continue
+        spots = [(r["node"], r["devices"])] + [(p["node"], p["devices"])
+                                               for p in r.get("parts") or []]
+        held = [f"{node}:{labels.get((node, d), d)}" for node, devs in spots for d in devs]
+        entry = {"id": r["id"], "model": r["model"], "node": r["node"], "devices": held,
+                 "cards": len(held)}
+        if r.get("last_used") is None:
+            unknown.append({**entry, "idle_s": -1})
+        elif now - r["last_used"] >= idle_after_s:
+            idle.append({**entry, "idle_s": round(now - r["last_used"], 1)})
+    idle.sort(key=lambda e: (-e["idle_s"], e["id"]))
+    unknown.sort(key=lambda e: e["id"])
+    return {"after_s": idle_after_s, "replicas": idle, "unknown": unknown,
+            "cards": sum(e["cards"] for e in idle)}
+
+
+def _filer_group(fabric: str, node: str) -> str:
+    """Who shares a node's filer: its fabric; without a fabric, nobody but itself."""
+    return "node:" + node if fabric == NO_FABRIC else fabric
+
+
 def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
-          replicas: list[dict[str, Any]], now: float,
-          node_timeout_s: float = 30.0) -> dict[str, Any]:
-    """The summary: nodes, devices by class, replicas by state, models and what is wrong."""
+          replicas: list[dict[str, Any]], now: float, node_timeout_s: float = 30.0, *,
+          idle_after_s: float = 900.0, store: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary every status view renders (schema: docs/api.md, "GET /api/v1/status"):
+    nodes, devices by class, free whole nodes and weights per fabric, replicas by state,
+    models desired vs ready, parked and unplaceable models, idle replicas, the store."""
     alive = sum(1 for n in nodes if node_alive(n, now, node_timeout_s))
-    by_fabric, weights = fabrics(models, nodes, now, node_timeout_s)
+    used = used_devices(replicas)
+    by_fabric, weights = fabrics(models, nodes, now, node_timeout_s, used)
     return {
+        "schema": SCHEMA,
+        "generated_at": now,
         "nodes": {"total": len(nodes), "reporting": alive, "silent": len(nodes) - alive},
-        "devices": devices_by_class(nodes, replicas, now, node_timeout_s),
+        "devices": devices_by_class(nodes, replicas, now, node_timeout_s, used),
         "cards_unusable": idle_cards(nodes),
         "replicas": dict(sorted(Counter(r["state"] for r in replicas).items())),
         "models": [{"name": m["name"], "state": m["state"], "ready": m["ready"],
                     "wanted": m["wanted"], "reason": m["reason"],
-                    "on_demand": m["on_demand"], **weights[m["name"]]} for m in models],
+                    "on_demand": m["on_demand"], "parked": bool(m.get("parked")),
+                    "consecutive_failures": m.get("consecutive_failures", 0),
+                    "last_error": m.get("last_error"), **weights[m["name"]]}
+                   for m in models],
+        "parked": [{"name": m["name"], "failures": m.get("consecutive_failures", 0),
+                    "last_error": m.get("last_error") or m["reason"]}
+                   for m in models if m["state"] == "parked"],
+        "unplaceable": [{"name": m["name"], "reason": m["reason"]}
+                        for m in models if m["state"] == "unplaceable"],
+        "idle": idle_replicas(replicas, nodes, now, idle_after_s),
         "fabrics": by_fabric,
+        "store": store or {"backend": "unknown", "members": None},
     }

@@ -55,6 +55,47 @@ def test_llmgw_status_is_ctl_status(cluster: Cluster) -> None:
     assert result.exit_code == 0 and json.loads(result.output)["nodes"]["total"] == 1
 
 
+def test_status_json_matches_the_documented_schema_and_text_has_no_colour_off_a_tty(
+        cluster: Cluster) -> None:
+    import jsonschema
+
+    from llmgw_runtime.status import render
+
+    schema = json.loads((Path(render.__file__).parent / "status.schema.json").read_text())
+    code, out = run(cluster, "status", "-o", "json")
+    jsonschema.validate(json.loads(out), schema)
+    code, out = run(cluster, "status")
+    assert code == 0 and "\x1b[" not in out                # CliRunner is not a terminal
+    assert "nodes 1/1 reporting" in out and "capacity:" in out
+    code, coloured = run(cluster, "status", "--color")
+    assert "\x1b[32mready" in coloured
+    code, out = run(cluster, "status", "--idle-after", "soon")
+    assert code == 2 and "--idle-after" in out and "30m, 1h or 90s" in out
+    # the tiny replica was just used or never: with a 1 s threshold it is idle or unknown
+    idle = json.loads(run(cluster, "status", "--idle-after", "1s", "-o", "json")[1])["idle"]
+    assert idle["after_s"] == 1.0 and len(idle["replicas"] + idle["unknown"]) == 1
+
+
+def test_llmgw_status_watch_redraws_until_interrupted(cluster: Cluster) -> None:
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    exe = shutil.which("llmgw-status", path=str(Path(sys.executable).parent))
+    assert exe, "llmgw-status is not installed in the venv (pip install -e .)"
+    proc = subprocess.Popen([exe, "--url", cluster.control_url, "--token",
+                             cluster.admin_token, "--watch", "--interval", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert out.count("Ctrl-C ends") >= 2 and out.count("capacity:") >= 2
+    assert "Traceback" not in err
+
+
 def test_apply_reports_every_problem_and_changes_nothing(cluster: Cluster,
                                                         tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"

@@ -1,0 +1,309 @@
+"""The fleet summary as terminal text: ``llmgw ctl status`` and ``llmgw-status``.
+
+Pure: the summary (``status.summary.build``), a width and whether to colour in, text out.
+Aggregates first, then only what needs the operator, each list capped so the screen reads
+the same for 4 nodes and for 2,000; the full listings are ``ctl models``, ``ctl nodes``,
+``ctl replicas``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+MIN_WIDTH = 60
+SHOW_ALL_MODELS = 20       # up to this many models, every one is listed
+LIST_CAP = 10              # longer lists end with "... and N more (command)"
+FINE = ("ready", "idle")   # model states that need nobody
+
+COLOURS = {"red": "31", "yellow": "33", "green": "32", "dim": "2", "bold": "1"}
+STATE_COLOUR = {"ready": "green", "idle": "dim", "parked": "red", "unplaceable": "red",
+                "failed": "red", "starting": "yellow", "activating": "yellow",
+                "pending": "yellow", "fetching": "yellow", "stopping": "dim",
+                "stopped": "dim"}
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+Paint = Callable[[str, str], str]
+
+
+def painter(color: bool) -> Paint:
+    """``paint(text, colour)``: ANSI colour on a terminal, the text unchanged otherwise."""
+    if not color:
+        return lambda text, _colour: text
+    return lambda text, colour: f"\x1b[{COLOURS[colour]}m{text}\x1b[0m" if text else text
+
+
+def number(n: int | float) -> str:
+    return f"{n:,}"
+
+
+def duration(seconds: float) -> str:
+    """``-`` for unknown (negative), else ``45s``, ``12m``, ``3h05m``, ``2d04h``."""
+    if seconds < 0:
+        return "-"
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def clip(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    if width <= 0:
+        return ""
+    return text if len(text) <= width else text[:max(0, width - 1)] + "…"
+
+
+def bar(used: int, unhealthy: int, total: int, width: int) -> str:
+    """``[####!!.....]``: used ``#``, unhealthy ``!``, free ``.``."""
+    if total <= 0 or width < 3:
+        return ""
+    inner = width - 2
+    n_used = round(inner * used / total)
+    n_bad = min(inner - n_used, round(inner * unhealthy / total))
+    if unhealthy and not n_bad and n_used < inner:
+        n_bad = 1
+    return "[" + "#" * n_used + "!" * n_bad + "." * (inner - n_used - n_bad) + "]"
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], width: int,
+          paint: Paint | None = None, colour_of: Callable[[int, str], str | None] | None = None,
+          indent: int = 2) -> list[str]:
+    """Columns padded to fit; the last column is clipped so no line exceeds ``width``
+    (the others keep their width: they hold names and numbers). ``colour_of(column,
+    text)`` names a colour for a cell after padding, so colour never shifts columns."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r]
+                                           for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    fixed = indent + sum(widths[:-1]) + 2 * (len(widths) - 1)
+    widths[-1] = max(1, min(widths[-1], width - fixed))
+    out = []
+    for n, row in enumerate(cells):
+        parts = []
+        for i, (cell, w) in enumerate(zip(row, widths, strict=True)):
+            text = clip(cell, w) if i == len(widths) - 1 else cell.ljust(w)
+            colour = colour_of(i, cell) if (colour_of and paint and n) else None
+            if n == 0 and paint:
+                text = paint(text, "bold")
+            elif colour and paint:
+                text = paint(text, colour)
+            parts.append(text)
+        out.append((" " * indent + "  ".join(parts)).rstrip())
+    return out
+
+
+def capped(rows: list[Any], cap: int, more: str) -> tuple[list[Any], str | None]:
+    if len(rows) <= cap:
+        return rows, None
+    return rows[:cap], f"  ... and {number(len(rows) - cap)} more ({more})"
+
+
+def render(summary: dict[str, Any], width: int = 100, color: bool = False) -> str:
+    """The whole screen, each line at most ``max(width, 60)`` characters (plus colour codes)."""
+    width = max(width, MIN_WIDTH)
+    paint = painter(color)
+    lines: list[str] = []
+    for section in (head, capacity, fabrics, models, problems, idle, store):
+        block = section(summary, width, paint)
+        if block:
+            lines += block + [""]
+    return "\n".join(fit(line, width) for line in lines).rstrip() + "\n"
+
+
+def fit(line: str, width: int) -> str:
+    """A line too wide even after its last column was clipped (a narrow terminal): cut,
+    dropping its colour rather than cutting inside a colour code."""
+    plain = ANSI.sub("", line)
+    return line if len(plain) <= width else plain[:width - 1] + "…"
+
+
+def head(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    nodes = s["nodes"]
+    text = f"nodes {number(nodes['reporting'])}/{number(nodes['total'])} reporting"
+    if nodes["silent"]:
+        text += " (" + paint(f"{number(nodes['silent'])} silent", "red") + ")"
+    reps = s["replicas"]
+    rep_text = ", ".join(paint(f"{k} {number(v)}", STATE_COLOUR.get(k, "dim"))
+                         for k, v in reps.items()) or "none"
+    wanted = sum(m["wanted"] for m in s["models"])
+    ready = sum(m["ready"] for m in s["models"])
+    model_text = (f"models {number(len(s['models']))}: {plural(ready, 'replica')} ready "
+                  f"of {number(wanted)} desired")
+    return [clip_painted(text, width), clip_painted("replicas: " + rep_text, width),
+            clip(model_text, width)]
+
+
+def clip_painted(text: str, width: int) -> str:
+    """Colour codes do not take room on screen; clip only text without them."""
+    return text if "\x1b[" in text else clip(text, width)
+
+
+def capacity(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    devices = s["devices"]
+    if not devices:
+        return ["capacity: no devices reported"]
+    rows = []
+    for klass, c in devices.items():
+        usable = c["total"] - c["unreachable"]
+        pct = f"{100 * c['used'] / usable:.0f}%" if usable else "-"
+        rows.append([klass, number(c["total"]), number(c["used"]), number(c["free"]),
+                     number(c["unhealthy"]), number(c["unreachable"]), pct, c])
+    headers = ["CLASS", "TOTAL", "USED", "FREE", "UNHEALTHY", "UNREACHABLE", "USED%", "USAGE"]
+    fixed = 2 + sum(max(len(h), *(len(str(r[i])) for r in rows)) + 2
+                    for i, h in enumerate(headers[:-1]))
+    bar_width = max(0, min(32, width - fixed))
+    for r in rows:
+        c = r[-1]
+        r[-1] = bar(c["used"], c["unhealthy"], c["total"] - c["unreachable"], bar_width)
+    if bar_width < 5:
+        headers, rows = headers[:-1], [r[:-1] for r in rows]
+
+    def colour(col: int, text: str) -> str | None:
+        return "red" if col in (4, 5) and text.strip() not in ("0", "") else None
+
+    out = ["capacity:"] + table(rows, headers, width, paint, colour)
+    for card in s.get("cards_unusable") or []:
+        where = f"{card['node']} card {card['card']}" if card["card"] is not None \
+            else card["node"]
+        out.append(clip(f"  runs nothing: {where}: {card['problem']}", width))
+    return out[:2 + len(rows) + LIST_CAP]
+
+
+def fabrics(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    fabs = s.get("fabrics") or {}
+    if not fabs:
+        return []
+    rows = [(name, f"{number(f['reporting'])}/{number(f['nodes'])}", number(f["free_nodes"]),
+             models_list(f["models"])) for name, f in fabs.items()]
+    shown, more = capped(rows, LIST_CAP * 2, "llmgw ctl status -o json")
+    return (["fabrics:"] + table(shown, ("FABRIC", "NODES", "FREE NODES", "HOLDS WEIGHTS OF"),
+                                 width, paint) + ([more] if more else []))
+
+
+def models_list(names: list[str], cap: int = 6) -> str:
+    if not names:
+        return "-"
+    head_ = ", ".join(names[:cap])
+    return head_ + (f" (+{len(names) - cap})" if len(names) > cap else "")
+
+
+def models(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    all_models = s["models"]
+    if not all_models:
+        return ["models: the catalog is empty (llmgw ctl apply -f catalog.yml)"]
+    if len(all_models) <= SHOW_ALL_MODELS:
+        listed, title = all_models, "models:"
+    else:
+        listed = [m for m in all_models if m["state"] not in FINE]
+        fine = len(all_models) - len(listed)
+        title = (f"models: {number(fine)} of {number(len(all_models))} ready or idle; "
+                 "the others:")
+        if not listed:
+            return [clip(f"models: all {number(len(all_models))} ready or idle", width)]
+    rows = [(m["name"], m["state"] + (" (on demand)" if m["on_demand"] else ""),
+             f"{m['ready']}/{m['wanted']}", ",".join(m.get("fabrics_with_weights") or [])
+             or "-", m["reason"] or "") for m in listed]
+    shown, more = capped(rows, max(LIST_CAP, SHOW_ALL_MODELS), "llmgw ctl models")
+
+    def colour(col: int, text: str) -> str | None:
+        return STATE_COLOUR.get(text.split(" ")[0]) if col == 1 else None
+
+    return ([clip(title, width)]
+            + table(shown, ("MODEL", "STATE", "READY", "WEIGHTS IN", "REASON"), width, paint,
+                    colour) + ([more] if more else []))
+
+
+def problems(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    out: list[str] = []
+    if s.get("parked"):
+        out.append(paint(f"parked ({number(len(s['parked']))}):", "red") + " "
+                   + "llmgw ctl retry MODEL once the cause is fixed")
+        rows, more = capped(s["parked"], LIST_CAP, "llmgw ctl models")
+        out += table([(p["name"], f"{p['failures']} failures", last_line(p["last_error"]))
+                      for p in rows], ("MODEL", "FAILURES", "LAST ERROR"), width, paint)
+        out += [more] if more else []
+    if s.get("unplaceable"):
+        if out:
+            out.append("")
+        out.append(paint(f"unplaceable ({number(len(s['unplaceable']))}):", "red"))
+        rows, more = capped(s["unplaceable"], LIST_CAP, "llmgw ctl plan")
+        out += table([(u["name"], u["reason"] or "") for u in rows], ("MODEL", "REASON"),
+                     width, paint)
+        out += [more] if more else []
+    return out
+
+
+def last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "-"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{number(n)} {word}" + ("" if n == 1 else "s")
+
+
+def idle(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    data = s.get("idle") or {}
+    reps, unknown = data.get("replicas") or [], data.get("unknown") or []
+    headers = ("REPLICA", "MODEL", "IDLE", "CARDS", "HOLDS")
+    out: list[str] = []
+    if reps:
+        out.append(clip(f"idle: {plural(len(reps), 'replica')} holding "
+                        f"{plural(data['cards'], 'card')}, unused for "
+                        f"{duration(data['after_s'])} or more (what you could stop):", width))
+        rows, more = capped(reps, LIST_CAP, "llmgw ctl status -o json")
+        out += table([(r["id"], r["model"], duration(r["idle_s"]), r["cards"],
+                       ",".join(r["devices"])) for r in rows], headers, width, paint)
+        out += [more] if more else []
+    if unknown:
+        cards = sum(r["cards"] for r in unknown)
+        out.append(clip(f"last use unknown (no router has reported a request for them): "
+                        f"{plural(len(unknown), 'replica')}, {plural(cards, 'card')}", width))
+        rows, more = capped(unknown, LIST_CAP // 2, "llmgw ctl status -o json")
+        out += table([(r["id"], r["model"], "-", r["cards"], ",".join(r["devices"]))
+                      for r in rows], headers, width, paint)
+        out += [more] if more else []
+    return out
+
+
+def store(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    st = s.get("store") or {}
+    members = st.get("members")
+    if not members:
+        return []
+    rows = []
+    for m in members:
+        if m.get("missing"):
+            rows.append((m["name"], m.get("role") or "-", "MISSING", "-",
+                         m.get("problem") or "its REST API does not answer"))
+            continue
+        lag = m.get("lag_bytes")
+        rows.append((m["name"], m.get("role") or "-", m.get("state") or "-",
+                     "-" if lag is None else human_bytes(lag), m.get("problem") or ""))
+
+    def colour(col: int, text: str) -> str | None:
+        if col == 2:
+            t = text.strip()
+            return "red" if t == "MISSING" or t == "stopped" else (
+                "green" if t in ("running", "streaming") else "yellow")
+        return None
+
+    leader = [m for m in members if m.get("role") == "leader" and not m.get("missing")]
+    title = f"store: {st.get('backend', '?')}, {len(members)} members"
+    if not leader:
+        title += ", " + paint("NO LEADER", "red")
+    return [title] + table(rows, ("MEMBER", "ROLE", "STATE", "LAG", "PROBLEM"), width, paint,
+                           colour)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
