@@ -10,6 +10,7 @@ from flask import Blueprint, Flask, current_app, jsonify
 from .. import __version__, settings
 from ..errors import StoreError
 from ..store import Store, repo
+from ..store.members import StoreHealth
 from . import admin_api, agent_api, metrics, routes_api, status_api
 from .config import ControlConfig
 from .openapi import document
@@ -45,6 +46,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     app.config["MAX_CONTENT_LENGTH"] = 8 * 1024 * 1024
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["llmgw.store"] = store_ or Store(config.store_url)
+    app.extensions["llmgw.store_health"] = StoreHealth(config.store_members_urls)
     install_error_handlers(app)
     for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, status_api.bp):
         app.register_blueprint(bp)

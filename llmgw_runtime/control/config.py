@@ -40,6 +40,10 @@ class ControlConfig:
     placement_warning_every_s: float = 600.0   # repeat an unchanged placement warning
     idle_after_s: float = 900.0         # status views: a replica unused this long is idle
     reconcile: bool = True              # false: serve the APIs only, never lead
+    # The replicated store's Patroni REST APIs (http://db1:8008,http://db2:8008), for its
+    # members' health in ctl status and /metrics; default: port 8008 of each host of a
+    # multi-host database_url.
+    patroni_urls: str = ""
     tls_cert: str = ""                  # serve HTTPS with this certificate and key
     tls_key: str = ""
     ca_file: str = ""                   # the cluster CA: its expiry is a metric
@@ -96,6 +100,12 @@ class ControlConfig:
     @property
     def store_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.state_dir / 'llmgw.db').resolve()}"
+
+    @property
+    def store_members_urls(self) -> list[str]:
+        from ..store.members import patroni_urls
+
+        return patroni_urls(self.patroni_urls, self.store_url)
 
     @property
     def instance(self) -> str:

@@ -29,6 +29,7 @@ from ..errors import AuthError
 from ..security import bearer
 from ..status.summary import device_label
 from ..store import Store, repo
+from ..store.members import StoreHealth
 from .config import ControlConfig, instance_of_holder
 from .reconcile import LEASE
 from .states import model_state, wanted_replicas
@@ -83,12 +84,14 @@ class ControlCollector(Collector):
     """Fleet, model, node, device, leadership and certificate gauges, read per scrape."""
 
     def __init__(self, store: Store, config: ControlConfig,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 store_health: StoreHealth | None = None) -> None:
         self._store = store
         self._config = config
         self._clock = clock
         self._instance = config.instance
         self._cert_problems: dict[str, str] = {}
+        self._store_health = store_health
 
     def collect(self) -> Iterator[Metric]:
         with self._store.begin() as conn:
@@ -106,6 +109,7 @@ class ControlCollector(Collector):
             holder is not None and instance_of_holder(holder) == self._instance))
         yield leader
         yield from self._certificates(now)
+        yield from self._store_members()
 
     def _models(self, models: list[Any], replicas: list[Any], now: float) -> Iterator[Metric]:
         by_model: dict[str, list[Any]] = defaultdict(list)
@@ -177,6 +181,27 @@ class ControlCollector(Collector):
                         _add(family, dev_labels, value * factor)
         yield from (reporting, age, engines, healthy, *(g for g, _, _ in gauges))
 
+    def _store_members(self) -> Iterator[Metric]:
+        """Each Patroni member of a replicated store: answering, leader, lag."""
+        members = self._store_health.members() if self._store_health else None
+        if members is None:
+            return
+        up = GaugeMetricFamily("llmgw_store_member_up", "1 when the store member's Patroni "
+                               "answers and its PostgreSQL runs (0: missing)",
+                               labels=["member"])
+        leader = GaugeMetricFamily("llmgw_store_member_leader", "1 for the store member "
+                                   "Patroni reports as leader (the primary)", labels=["member"])
+        lag = GaugeMetricFamily("llmgw_store_member_lag_bytes", "Bytes of WAL the standby "
+                                "is behind the primary (absent when unknown)",
+                                labels=["member"])
+        for m in members:
+            up.add_metric([m["name"]], 0 if m["missing"] else 1)
+            leader.add_metric([m["name"]], 1 if m["role"] == "leader" and not m["missing"]
+                              else 0)
+            if m["lag_bytes"] is not None and not m["missing"]:
+                lag.add_metric([m["name"]], m["lag_bytes"])
+        yield from (up, leader, lag)
+
     def _certificates(self, now: float) -> Iterator[Metric]:
         paths = [p for p in (self._config.tls_cert, self._config.ca_file) if p]
         if not paths:
@@ -242,7 +267,8 @@ def render(registry: CollectorRegistry) -> bytes:
 def install(app: Flask, store: Store, config: ControlConfig) -> CollectorRegistry:
     """Give ``app`` its own registry (so tests can make several apps) and ``/metrics``."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ControlCollector(store, config))
+    registry.register(ControlCollector(store, config,
+                                       store_health=app.extensions.get("llmgw.store_health")))
     app.extensions["llmgw.metrics"] = registry
     app.register_blueprint(bp)
     return registry

@@ -35,8 +35,9 @@ def current(idle_after_s: float | None = None) -> dict[str, Any]:
 
 
 def store_health() -> dict[str, Any]:
-    """The store's backend and, for a replicated one, its members."""
-    return {"backend": store().dialect, "members": None}
+    """The store's backend and, for a replicated one, its members (Patroni's REST API)."""
+    health = current_app.extensions["llmgw.store_health"]
+    return {"backend": store().dialect, "members": health.members()}
 
 
 def idle_after_arg() -> float | None:
