@@ -72,16 +72,22 @@ def delete_model(name: str) -> Any:
     return jsonify({"deleted": name})
 
 
+def unpark(conn: Any, name: str, now: float, by: str = "an operator") -> None:
+    """Forget ``name``'s failures and unpark it (``ctl retry``, the console's Retry button);
+    the event says who."""
+    row = repo.get_model(conn, name)
+    if row is None:
+        raise NotFoundError(f"model {name!r} is not in the catalog")
+    repo.update_model(conn, name, parked=0, consecutive_failures=0, last_failure_at=None,
+                      placement_reason=None)
+    repo.add_event(conn, now, "retry", name, f"unparked by {by}")
+
+
 @bp.post("/models/<path:name>/retry")
 @require("admin")
 def retry(name: str) -> Any:
     with store().begin() as conn:
-        row = repo.get_model(conn, name)
-        if row is None:
-            raise NotFoundError(f"model {name!r} is not in the catalog")
-        repo.update_model(conn, name, parked=0, consecutive_failures=0, last_failure_at=None,
-                          placement_reason=None)
-        repo.add_event(conn, clock(), "retry", name, "unparked by an operator")
+        unpark(conn, name, clock())
     return jsonify({"model": name, "parked": False})
 
 

@@ -11,7 +11,7 @@ from .. import __version__, settings
 from ..errors import StoreError
 from ..store import Store, repo
 from ..store.members import StoreHealth
-from . import admin_api, agent_api, metrics, routes_api, status_api
+from . import admin_api, agent_api, console, metrics, routes_api, status_api
 from .config import ControlConfig
 from .openapi import document
 from .reconcile import LEASE, Reconciler
@@ -48,7 +48,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     app.extensions["llmgw.store"] = store_ or Store(config.store_url)
     app.extensions["llmgw.store_health"] = StoreHealth(config.store_members_urls)
     install_error_handlers(app)
-    for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, status_api.bp):
+    for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, status_api.bp, console.bp):
         app.register_blueprint(bp)
     metrics.install(app, app.extensions["llmgw.store"], config)
     if start_reconciler and config.reconcile:

@@ -123,3 +123,16 @@ leases = Table(
     Column("holder", String(200), nullable=False),
     Column("expires", Float, nullable=False),                # database clock, Unix seconds
 )
+
+# Web console logins (revision 0005). The cookie carries a random session id; only its
+# SHA-256 is stored, so a copy of the store lets nobody in. ``csrf`` is the token every
+# console form must send back.
+console_sessions = Table(
+    "console_sessions", metadata,
+    Column("id_hash", String(64), primary_key=True),
+    Column("account", String(200), nullable=False),
+    Column("csrf", String(64), nullable=False),
+    Column("created", Float, nullable=False),
+    Column("expires", Float, nullable=False),
+    Index("ix_console_sessions_expires", "expires"),
+)

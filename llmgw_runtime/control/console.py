@@ -1,0 +1,268 @@
+"""The web console: server-rendered pages (no JavaScript needed to read them) over the same
+summary and rows as ``ctl``: the summary, nodes with their devices, models with a Retry
+button for parked ones, replicas with idle time, recent events. Login: console_auth.py."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    g,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from werkzeug.exceptions import HTTPException
+
+from ..errors import LlmgwError, StoreError
+from ..status.summary import device_label, node_alive
+from ..store import repo
+from . import console_auth as auth
+from . import status_api
+from .admin_api import models_out, unpark
+from .web import clock, store
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("console", __name__, template_folder="templates", static_folder="static",
+               static_url_path="/console/static")
+
+PER_PAGE = 200               # rows per page of nodes and replicas (2,000 nodes = 10 pages)
+EVENTS = 200                 # events shown by default (at most 1,000)
+CSP = ("default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def page(template: str, title: str, status: int = 200, refresh: bool = True,
+         **context: Any) -> Response:
+    """A console page; read pages reload themselves every ``console_refresh_s``."""
+    interval = current_app.config["LLMGW"].console_refresh_s if refresh else 0
+    keep = {k: v for k, v in request.args.items() if k in ("page", "q", "limit")}
+    refresh_url = request.path + ("?" + urlencode(keep) if keep else "")
+    html = render_template(template, title=title, refresh=int(interval) if interval > 0
+                           else 0, refresh_url=refresh_url, user=g.get("console_user"),
+                           csrf=g.get("console_csrf"), now=clock(), **context)
+    return make_response(html, status)
+
+
+def paginate(items: list[Any]) -> tuple[list[Any], dict[str, int]]:
+    pages = max(1, math.ceil(len(items) / PER_PAGE))
+    try:
+        number = int(request.args.get("page", "1"))
+    except ValueError:
+        number = 1
+    number = min(max(1, number), pages)
+    start = (number - 1) * PER_PAGE
+    chunk = items[start:start + PER_PAGE]
+    return chunk, {"page": number, "pages": pages, "total": len(items),
+                   "first": start + 1 if chunk else 0, "last": start + len(chunk)}
+
+
+@bp.app_template_filter("duration")
+def duration(seconds: float | None) -> str:
+    """``45 s``, ``12 min``, ``5.2 h``, ``3.1 d``; ``-`` when unknown (None or negative)."""
+    if seconds is None or seconds < 0:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+@bp.app_template_filter("utc")
+def utc(when: float | None) -> str:
+    if when is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+
+
+@bp.app_template_filter("gb")
+def gb(mb: float | None) -> str:
+    return "-" if mb is None else f"{mb / 1024:.1f}"
+
+
+@bp.app_template_filter("bytes")
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+@bp.after_request
+def headers(resp: Response) -> Response:
+    resp.headers["Content-Security-Policy"] = CSP
+    resp.headers["X-Frame-Options"] = "DENY"
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Referrer-Policy"] = "same-origin"
+    if request.endpoint != "console.static":
+        resp.headers["Cache-Control"] = "no-store"
+    return resp
+
+
+@bp.errorhandler(Exception)
+def error(exc: Exception) -> Any:
+    """Errors as a page that says what happened and what to do, not JSON."""
+    if isinstance(exc, HTTPException) and exc.code is not None and exc.code < 400:
+        return exc
+    if isinstance(exc, LlmgwError):
+        status, message = exc.status, exc.message
+        if status >= 500:
+            log.warning("console: %s: %s", exc.reason, exc.message)
+    elif isinstance(exc, HTTPException):
+        status, message = exc.code or 500, exc.description or exc.name
+    else:
+        log.exception("console: unexpected error on %s %s", request.method, request.path)
+        status, message = 500, "the control service failed unexpectedly; see its log"
+    titles = {403: "Refused", 404: "Not found", 503: "Store unavailable"}
+    return page("error.html", titles.get(status, f"Error {status}"), status=status,
+                refresh=isinstance(exc, StoreError), message=message, code=status)
+
+
+# ---------------------------------------------------------------- login
+
+
+@bp.get("/")
+def root() -> Any:
+    return redirect(auth.HOME)
+
+
+@bp.route("/console/login", methods=["GET", "POST"])
+def login() -> Any:
+    target = auth.safe_next(request.values.get("next"))
+    if request.method == "GET":
+        if auth.current() is not None:
+            return redirect(target)
+        notes = {"ended": "Your session ended (it expired, or you logged out); log in again.",
+                 "out": "You are logged out."}
+        note = next((v for k, v in notes.items() if request.args.get(k)), None)
+        return page("login.html", "Log in", refresh=False, next=target, note=note)
+    auth.check_origin()
+    account, problem = auth.admin_of(request.form.get("token", ""))
+    if account is None:
+        log.warning("console login refused from %s: %s", request.remote_addr,
+                    problem.split(";")[0])
+        return page("login.html", "Log in", status=401, refresh=False, next=target,
+                    error=problem)
+    return auth.start_session(redirect(target, 303), account)  # type: ignore[arg-type]
+
+
+@bp.post("/console/logout")
+@auth.login_required
+def logout() -> Any:
+    auth.check_csrf()
+    log.info("console logout: %s", g.console_user)
+    return auth.end_session(redirect(auth.login_url(out="1"), 303))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- pages
+
+
+@bp.get("/console/")
+@auth.login_required
+def summary() -> Any:
+    return page("summary.html", "Summary", s=status_api.current())
+
+
+@bp.get("/console/nodes")
+@auth.login_required
+def nodes() -> Any:
+    config = current_app.config["LLMGW"]
+    query = request.args.get("q", "").strip()
+    with store().begin() as conn:
+        rows = repo.list_nodes(conn)
+    if query:
+        rows = [r for r in rows if query.lower() in r.name.lower()
+                or query.lower() in (r.fabric or "").lower()]
+    chunk, pager = paginate(rows)
+    now = clock()
+    shown = []
+    for row in chunk:          # decode only this page's nodes: 200 of 2,000
+        node = repo.node_to_dict(row)
+        hardware = node.get("hardware") or {}
+        shown.append({
+            **node, "alive": node_alive(node, now, config.node_timeout_s),
+            "devs": [{**d, "label": device_label(d)} for d in node["devices"]],
+            "bad_cards": [c for c in hardware.get("cards", []) if c.get("problem")],
+            "problems": hardware.get("problems", []) if not node["devices"] else []})
+    return page("nodes.html", "Nodes", nodes=shown, paging=pager, q=query)
+
+
+@bp.get("/console/models")
+@auth.login_required
+def models() -> Any:
+    with store().begin() as conn:
+        items = models_out(conn, clock())
+    retried = request.args.get("retried")
+    return page("models.html", "Models", models=items,
+                retried=retried if retried in {m["name"] for m in items} else None)
+
+
+@bp.post("/console/models/<path:name>/retry")
+@auth.login_required
+def retry(name: str) -> Any:
+    auth.check_csrf()
+    with store().begin() as conn:
+        unpark(conn, name, clock(), by=f"{g.console_user} (console)")
+    log.info("console: %s unparked model %s", g.console_user, name)
+    return redirect(url_for("console.models", retried=name), 303)
+
+
+@bp.get("/console/replicas")
+@auth.login_required
+def replicas() -> Any:
+    with store().begin() as conn:
+        rows = repo.list_replicas(conn)
+        parts = repo.parts_by_replica(conn)
+        node_rows = {n.name: n for n in repo.list_nodes(conn)}
+    chunk, pager = paginate(rows)
+    now = clock()
+    labels: dict[str, dict[int, str]] = {}
+
+    def where(node: str, devices: list[int]) -> str:
+        if node not in labels:      # decode only the nodes this page shows
+            row = node_rows.get(node)
+            devs = repo.node_to_dict(row)["devices"] if row is not None else []
+            labels[node] = {d["id"]: device_label(d) for d in devs}
+        return f"{node}:{','.join(labels[node].get(d, str(d)) for d in devices)}"
+
+    shown = []
+    for row in chunk:
+        rep = repo.replica_to_dict(row, parts.get(row.id))
+        spots = [(rep["node"], rep["devices"])] + [(p["node"], p["devices"])
+                                                   for p in rep["parts"]]
+        idle = (now - rep["last_used"] if rep["state"] == "ready"
+                and rep["last_used"] is not None else None)
+        shown.append({**rep, "where": " + ".join(where(n, d) for n, d in spots),
+                      "idle_s": idle})
+    return page("replicas.html", "Replicas", replicas=shown, paging=pager)
+
+
+@bp.get("/console/events")
+@auth.login_required
+def events() -> Any:
+    try:
+        limit = max(1, min(int(request.args.get("limit", EVENTS)), 1000))
+    except ValueError:
+        limit = EVENTS
+    with store().begin() as conn:
+        items = repo.list_events(conn, limit)
+    return page("events.html", "Events", events=items, limit=limit)

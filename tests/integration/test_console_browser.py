@@ -1,0 +1,145 @@
+"""The web console in a real headless Chromium against a real control service: log in with
+the admin token, see a parked model and why, press Retry, see it unparked. Screenshots go
+to $LLMGW_TEST_ARTIFACTS (default .llmgw/test-artifacts/) for review."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw_runtime.cli.client import Client
+from llmgw_runtime.store import Store, repo
+from tests.support.procs import ROOT, wait_until
+
+from .conftest import Cluster, tiny_catalog
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+OOM = "engine exited with code 1: CUDA out of memory while loading the weights"
+MIG = "a100-80g-mig-3g.40gb"
+
+
+def report_gpu_node(cluster: Cluster, name: str = "gpu-01") -> None:
+    """A node with two MIG instances (one unhealthy), as its agent would report it."""
+    cred = Client(cluster.control_url, cluster.join_token).post(
+        "/api/v1/agent/join", {"node": name})["credential"]
+    devices = [{"id": 1000 + i, "uuid": f"MIG-{i}", "card": 0, "mig": i, "class": MIG,
+                "memory_total_mb": 40960, "memory_used_mb": 512, "healthy": i == 1,
+                "reason": None if i == 1 else "XID 79: fell off the bus"} for i in (1, 2)]
+    Client(cluster.control_url, cred).post("/api/v1/agent/report", {
+        "node": name, "address": "127.0.0.1", "agent_version": "test", "devices": devices,
+        "engines": ["vllm"], "weights": {}, "replicas": []})
+
+
+def artifacts() -> Path:
+    path = Path(os.environ.get("LLMGW_TEST_ARTIFACTS") or ROOT / ".llmgw" / "test-artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not found: `make system-deps` installs the Debian "
+                    "packages chromium and chromium-driver this test drives")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1400,1100", f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(arg)
+    service = Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    try:
+        driver.implicitly_wait(0)
+        yield driver
+    finally:
+        driver.quit()
+        process = service.process
+        if process is not None and process.poll() is None:
+            process.kill()
+        assert process is None or process.wait(10) is not None, "chromedriver still runs"
+
+
+def wait_for(driver: Any, what: str, predicate: Any, timeout: float = 15) -> Any:
+    return wait_until(lambda: predicate(driver), timeout, f"{what} (at {driver.current_url})")
+
+
+def test_log_in_see_a_parked_model_press_retry_see_it_unparked(
+        cluster_factory: Any, tmp_path: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    cluster: Cluster = cluster_factory()
+    cluster.start_control({"LLMGW_CONSOLE_REFRESH_S": "30"})
+    cluster.apply(tiny_catalog(tmp_path / "tiny.gguf"))
+    store = Store(cluster.store_url)
+    try:
+        with store.begin() as conn:
+            repo.update_model(conn, "tiny", parked=1, consecutive_failures=5, last_error=OOM)
+    finally:
+        store.dispose()
+    assert cluster.model("tiny")["state"] == "parked"
+    report_gpu_node(cluster)
+    shots = artifacts()
+
+    browser.get(cluster.control_url + "/")
+    wait_for(browser, "the login page", lambda d: "/console/login" in d.current_url)
+    assert "Admin token" in browser.page_source
+    browser.find_element(By.ID, "token").send_keys("not-the-token")
+    browser.find_element(By.CSS_SELECTOR, "form.login button").click()
+    wait_for(browser, "the refusal", lambda d: "Login refused" in d.page_source)
+    assert "matches no account" in browser.page_source
+
+    browser.find_element(By.ID, "token").send_keys(cluster.admin_token)
+    browser.find_element(By.CSS_SELECTOR, "form.login button").click()
+    wait_for(browser, "the summary", lambda d: d.title.startswith("Summary"))
+    parked = browser.find_element(By.ID, "parked").text
+    assert "tiny" in parked and "CUDA out of memory" in parked, parked
+    assert 'http-equiv="refresh" content="30;' in browser.page_source
+    summary_png = shots / "console-summary.png"
+    assert browser.save_screenshot(str(summary_png))
+
+    cookie = next(c for c in browser.get_cookies() if c["name"] == "llmgw_console")
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict", cookie
+    assert cookie["path"] == "/console"
+    assert "llmgw_console" not in browser.execute_script("return document.cookie")
+
+    assert MIG in browser.find_element(By.ID, "devices").text
+
+    browser.find_element(By.LINK_TEXT, "Nodes").click()
+    wait_for(browser, "the nodes page", lambda d: d.title.startswith("Nodes"))
+    node = browser.find_element(By.ID, "node-gpu-01").text
+    assert "0/mig1" in node and "0/mig2" in node and "unhealthy: XID 79" in node, node
+    nodes_png = shots / "console-nodes.png"
+    assert browser.save_screenshot(str(nodes_png))
+
+    browser.find_element(By.LINK_TEXT, "Models").click()
+    wait_for(browser, "the models page", lambda d: d.title.startswith("Models"))
+    row = browser.find_element(By.ID, "model-tiny")
+    assert "parked" in row.find_element(By.CSS_SELECTOR, "td.state").text
+    row.find_element(By.XPATH, ".//button[text()='Retry']").click()
+    wait_for(browser, "the unparked message",
+             lambda d: "Model tiny was unparked" in d.page_source)
+    row = browser.find_element(By.ID, "model-tiny")
+    assert row.find_element(By.CSS_SELECTOR, "td.parked").text == "no"
+    assert "parked" not in row.find_element(By.CSS_SELECTOR, "td.state").text
+    assert not row.find_elements(By.XPATH, ".//button[text()='Retry']")
+    after_png = shots / "console-after-retry.png"
+    assert browser.save_screenshot(str(after_png))
+
+    model = cluster.model("tiny")
+    assert not model["parked"] and model["consecutive_failures"] == 0
+    events = cluster.admin.get("/api/v1/events")["events"]
+    assert any(e["kind"] == "retry" and e["message"] == "unparked by admin (console)"
+               for e in events), events
+    for png in (summary_png, nodes_png, after_png):
+        assert png.stat().st_size > 10_000
+        print(f"console screenshot: {png}")
