@@ -145,7 +145,8 @@ def _wait_ready(admin: Client, children: list[Child], timeout: float) -> list[di
                                "`llmgw ctl models` and `llmgw ctl events`")
 
 
-def _banner(router_url: str, admin_token: str, models: list[dict[str, Any]]) -> str:
+def _banner(router_url: str, admin_token: str, models: list[dict[str, Any]],
+            control_url: str = "") -> str:
     name = next((m["name"] for m in models if m["state"] == "ready"),
                 models[0]["name"] if models else DEMO_MODEL)
     body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}]})
@@ -153,6 +154,7 @@ def _banner(router_url: str, admin_token: str, models: list[dict[str, Any]]) -> 
 llmgw is up.
   router (OpenAI API):  {router_url}/v1
   admin token:          {admin_token}
+  web console:          {control_url}/console/  (log in with the admin token)
   models:               {', '.join(m['name'] + ' (' + m['state'] + ')' for m in models)}
 
 Try it:
@@ -231,7 +233,7 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
             "--devices", "cpu", "--stop-engines-on-exit"], env, logs / "agent.log"))
         _wait_http(router_url + "/healthz", children[1], 60)
         models = _wait_ready(admin, children, ready_timeout)
-        click.echo(_banner(router_url, tokens["admin"], models))
+        click.echo(_banner(router_url, tokens["admin"], models, control_url))
         while all(c.alive() for c in children):
             time.sleep(0.5)
         dead = next(c for c in children if not c.alive())

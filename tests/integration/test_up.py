@@ -8,6 +8,7 @@ from pathlib import Path
 
 import openai
 import pytest
+import requests
 
 from llmgw_runtime.cli.client import Client
 from tests.support.procs import LlmgwProcess, descendants, free_port, pid_alive, wait_until
@@ -35,6 +36,9 @@ def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -
         assert f"http://127.0.0.1:{router_port}/v1" in banner and "curl -s" in banner
         admin_token = (state / "secrets" / "admin-token").read_text().strip()
         assert admin_token in banner
+        console = f"http://127.0.0.1:{control_port}/console/"
+        assert console in banner
+        assert "Log in" in requests.get(console, timeout=10).text   # the login page
         assert (state / "secrets" / "admin-token").stat().st_mode & 0o077 == 0
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{router_port}/v1", api_key="none",
