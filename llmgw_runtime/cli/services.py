@@ -12,6 +12,7 @@ import click
 
 from .. import settings
 from ..errors import LlmgwError
+from .server_init import init as server_init
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,6 +51,9 @@ def migrate(config: Any) -> None:
 
     revision = friendly(lambda: Store(config.store_url).migrate())
     click.echo(f"store migrated to revision {revision}")
+
+
+server.add_command(server_init)      # llmgw server init --patroni USER@HOST ...
 
 
 @click.command()
