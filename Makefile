@@ -94,6 +94,8 @@ bench: $(STAMP) system-deps
 	$(BIN)/python bench/planner_bench.py
 	$(BIN)/python bench/router_bench.py
 	$(BIN)/python bench/control_bench.py
+	$(BIN)/python bench/status_bench.py
+	$(BIN)/python bench/store_bench.py
 
 clean:
 	rm -rf $(VENV) .llmgw .pytest_cache .mypy_cache .ruff_cache

@@ -22,13 +22,17 @@ def apply_catalog() -> Any:
     text = request.get_data(as_text=True)
     specs = catalog.parse(text)
     prune = request.args.get("prune", "false").lower() in ("1", "true", "yes")
-    with store().begin() as conn:
+
+    def write(conn: Any) -> dict[str, Any]:
+        # Idempotent: applying the same specs again changes nothing and logs no event,
+        # so it is retried through a store failover.
         now = clock()
         result = repo.apply_catalog(conn, specs, now, prune=prune)
         for verb in ("created", "updated", "deleted"):
             for name in result[verb]:
                 repo.add_event(conn, now, "catalog", name, f"model {verb}")
-    return jsonify(result)
+        return result
+    return jsonify(store().write(write))
 
 
 def models_out(conn: Any, now: float) -> list[dict[str, Any]]:

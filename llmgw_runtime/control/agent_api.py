@@ -150,13 +150,16 @@ def report() -> Any:
     if problems:
         raise ValidationError("the report is malformed", details=problems)
     reported = {r["id"]: r for r in body.get("replicas", [])}
-    answer: dict[str, Any] = {
-        "report_interval_s": current_app.config["LLMGW"].report_interval_s}
-    with store().begin() as conn:
+    node, interval = g.principal, current_app.config["LLMGW"].report_interval_s
+
+    def write(conn: Any) -> dict[str, Any]:
+        # Idempotent (the report states what is, the answer is re-read): retried through
+        # a store failover, so agents see a pause rather than errors.
+        answer: dict[str, Any] = {"report_interval_s": interval}
         now = clock()
-        repo.record_report(conn, g.principal, body, now)
-        heads = repo.list_replicas(conn, node=g.principal)
-        parts = repo.parts_on_node(conn, g.principal)
+        repo.record_report(conn, node, body, now)
+        heads = repo.list_replicas(conn, node=node)
+        parts = repo.parts_on_node(conn, node)
         gone = _apply_heads(conn, heads, reported, now)
         gone |= _apply_parts(conn, parts, reported, now)
         answer["assignments"] = assignments_for(
@@ -167,4 +170,5 @@ def report() -> Any:
             sources, digest = catalog_sources(conn)
             if body["sources_hash"] != digest:
                 answer.update(sources=sources, sources_hash=digest)
-    return jsonify(answer)
+        return answer
+    return jsonify(store().write(write))

@@ -53,13 +53,15 @@ def idle() -> Any:
             isinstance(v, int | float) and not isinstance(v, bool) and v > 0
             for v in last_used.values()):
         raise ValidationError("replicas must map replica ids to Unix times above zero")
-    with store().begin() as conn:
+
+    def write(conn: Any) -> None:      # idempotent (newest time wins): retried on failover
         known = {r.id: r for r in repo.list_replicas(conn)}
         for replica_id, when in last_used.items():
             row = known.get(replica_id)
             # Several routers post maps: keep the newest time seen.
             if row is not None and (row.last_used is None or when > row.last_used):
                 repo.update_replica(conn, replica_id, last_used=float(when))
+    store().write(write)
     return "", 204
 
 

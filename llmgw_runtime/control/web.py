@@ -84,11 +84,13 @@ def require(*kinds: str) -> Callable[[F], F]:
                                 f"use a {' or '.join(kinds)} token")
             token_hash = hash_token(token)
             # One indexed lookup: node credentials say what they are (llmgw-node-...).
-            with store().begin() as conn:
+            # A read: retried through a store failover like the idempotent writes.
+            def lookup(conn: Any) -> tuple[Any, Any]:
                 if token.startswith(PREFIXES["node"]):
-                    account, node = None, repo.node_by_credential(conn, token_hash)
-                else:
-                    account, node = repo.account_by_hash(conn, token_hash), None
+                    return None, repo.node_by_credential(conn, token_hash)
+                return repo.account_by_hash(conn, token_hash), None
+
+            account, node = store().transaction(lookup, idempotent=True)
             kind = account.kind if account else ("node" if node else None)
             if kind is None:
                 raise AuthError("the token matches no account; check it, or get a new one")

@@ -3,24 +3,43 @@
 SQLite (one file, one control instance) or PostgreSQL through psycopg2. A PostgreSQL URL is
 handed to libpq as it is, so several hosts and ``target_session_attrs=read-write`` work:
 ``postgresql://llmgw@db1:5432,db2:5432/llmgw?target_session_attrs=read-write``.
+
+On PostgreSQL the store survives a failover (see ``failover.py``): a dead primary is noticed
+in seconds (TCP keepalives), a lost or read-only connection empties the pool, a COMMIT that
+waits too long for the synchronous standby is cancelled and reported as not acknowledged,
+and :meth:`Store.transaction` retries an idempotent write until a new primary answers.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError
+from .failover import (
+    WATCHDOG,
+    NotAcknowledged,
+    StoreUnavailable,
+    classify,
+    connect_kwargs,
+    unreplicated_notice,
+)
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+COMMIT_TIMEOUT_S = 10.0    # a COMMIT waiting longer for the sync standby is not acknowledged
+RETRY_FOR_S = 30.0         # longer than a node-crash failover (Patroni ttl 20 s + promotion)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -52,9 +71,10 @@ def _postgres_engine(url: str) -> Engine:
     import psycopg2
 
     dsn = url.replace("postgresql+psycopg2://", "postgresql://", 1)
+    extra = connect_kwargs(dsn)
     return sa.create_engine(
         "postgresql+psycopg2://",
-        creator=lambda: psycopg2.connect(dsn, connect_timeout=5),
+        creator=lambda: psycopg2.connect(dsn, **extra),
         pool_pre_ping=True,
         pool_size=12,          # gunicorn threads + the reconciler, without churn
         max_overflow=10,
@@ -62,10 +82,18 @@ def _postgres_engine(url: str) -> Engine:
 
 
 class Store:
-    """An engine plus the few things that differ between backends."""
+    """An engine plus the few things that differ between backends.
 
-    def __init__(self, url: str) -> None:
+    ``begin()`` is one transaction, no retry. ``transaction(fn, idempotent=True)`` (or
+    ``write(fn)``) runs ``fn(conn)`` in a transaction and, on PostgreSQL, retries it for up
+    to ``retry_for_s`` when the store is unavailable or did not acknowledge the COMMIT.
+    """
+
+    def __init__(self, url: str, *, commit_timeout_s: float = COMMIT_TIMEOUT_S,
+                 retry_for_s: float = RETRY_FOR_S) -> None:
         self.url = url
+        self.commit_timeout_s = commit_timeout_s
+        self.retry_for_s = retry_for_s
         if url.startswith("sqlite:"):
             self.dialect = "sqlite"
             self.engine = _sqlite_engine(url)
@@ -79,18 +107,97 @@ class Store:
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
-        """A transaction; a connection failure becomes a StoreError saying what to do."""
+        """A transaction; a connection failure becomes a StoreError saying what to do
+        (:class:`StoreUnavailable`; :class:`NotAcknowledged` for a COMMIT cancelled while
+        waiting for the synchronous standby)."""
         try:
-            with self.engine.begin() as conn:
+            with self.engine.connect() as conn, conn.begin() as trans:
                 yield conn
-        except (OperationalError, DBAPIError) as exc:
-            if isinstance(exc, DBAPIError) and not exc.connection_invalidated \
-                    and not isinstance(exc, OperationalError):
+                if self.dialect == "postgresql":
+                    self._commit(conn, trans)
+        except DBAPIError as exc:
+            why = classify(exc)
+            if why is None:
                 raise
-            raise StoreError(
-                f"the store at {redact_url(self.url)} cannot be reached: "
-                f"{str(exc.orig).strip().splitlines()[0] if exc.orig else exc}; "
-                "check that the database is up, then retry") from exc
+            if self.dialect == "postgresql":
+                self.engine.dispose()      # every pooled connection may be to the old primary
+            first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            raise StoreUnavailable(
+                f"the store at {redact_url(self.url)} cannot be reached: {first}"
+                + (f" ({why})" if why != "the server cannot be reached" else "")
+                + "; check that the database is up, then retry") from exc
+
+    def _commit(self, conn: Connection, trans: Any) -> None:
+        """COMMIT, cancelled after ``commit_timeout_s``; a cancelled wait for the
+        synchronous standby reports success with a WARNING: not acknowledged."""
+        raw: Any = conn.connection.dbapi_connection
+        del raw.notices[:]
+        entry = WATCHDOG.watch(raw, self.commit_timeout_s)
+        try:
+            trans.commit()
+        except DBAPIError as exc:
+            cancelled = WATCHDOG.done(entry)
+            notice = unreplicated_notice(raw.notices)
+            if cancelled or notice:
+                self._not_acknowledged(conn, notice or f"the COMMIT was cancelled after "
+                                       f"{self.commit_timeout_s:.0f} s ({exc.orig})")
+            if classify(exc):              # e.g. the primary died during the COMMIT
+                first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+                self._not_acknowledged(conn, f"the connection failed during the COMMIT "
+                                       f"({first}), so it may or may not have committed")
+            raise
+        cancelled = WATCHDOG.done(entry)
+        notice = unreplicated_notice(raw.notices)
+        if notice or cancelled:
+            self._not_acknowledged(conn, notice or f"the COMMIT was cancelled after "
+                                                   f"{self.commit_timeout_s:.0f} s")
+
+    def _not_acknowledged(self, conn: Connection, what: str) -> None:
+        conn.invalidate()                  # a late cancel must not hit the next statement
+        self.engine.dispose()
+        raise NotAcknowledged(
+            f"the store at {redact_url(self.url)} did not acknowledge the write: {what}. "
+            "It may be committed on the primary without being on a synchronous standby, so "
+            "a failover could lose it; check the standbys (`patronictl list`), then retry")
+
+    def transaction(self, fn: Callable[[Connection], T], *, idempotent: bool,
+                    retry_for_s: float | None = None) -> T:
+        """``fn(conn)`` in a transaction. When ``idempotent`` (running it twice leaves what
+        running it once does) and the store is PostgreSQL, a :class:`StoreUnavailable`
+        (including :class:`NotAcknowledged`) is retried with backoff for up to
+        ``retry_for_s`` (default: the store's), so a failover costs a pause, not an error.
+        ``fn`` may run more than once: it must not act outside the transaction."""
+        budget = self.retry_for_s if retry_for_s is None else retry_for_s
+        if not idempotent or self.dialect != "postgresql":
+            budget = 0.0
+        started = time.monotonic()
+        delay, attempts = 0.05, 0
+        while True:
+            attempts += 1
+            try:
+                with self.begin() as conn:
+                    return fn(conn)
+            except StoreUnavailable as exc:
+                waited = time.monotonic() - started
+                if waited + delay > budget:
+                    if attempts == 1:
+                        raise
+                    raise type(exc)(f"{exc.message} (tried {attempts} times over "
+                                    f"{waited:.0f} s)") from exc
+                if attempts == 1:
+                    log.warning("store write failed, retrying for up to %.0f s: %s",
+                                budget, exc.message)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            else:
+                if attempts > 1:
+                    log.info("store write succeeded after %d attempts (%.1f s)", attempts,
+                             time.monotonic() - started)
+
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        """An idempotent write, retried through a failover (``transaction(fn,
+        idempotent=True)``)."""
+        return self.transaction(fn, idempotent=True)
 
     def now(self, conn: Connection) -> float:
         """The database clock, in Unix seconds (used for leases: one clock for all)."""
