@@ -216,7 +216,9 @@ def run_init(hosts_text: tuple[str, ...], *, current: Current, env_path: Path,
             if db.exists():
                 backup = backup_sqlite(db, datetime.now(UTC))
                 click.echo(f"backup of the store in use: {backup}")
-        with _Closing(Store(current.url)) as source, _Closing(Store(target)) as dest:
+        # One large transaction: give its COMMIT time to reach the synchronous standby.
+        with _Closing(Store(current.url)) as source, \
+                _Closing(Store(target, commit_timeout_s=300.0)) as dest:
             result = move(source, dest, current.state_dir / MARKER_FILE, click.echo)
         click.echo(result.decision.reason)
         click.echo("rows, the same on both sides: "

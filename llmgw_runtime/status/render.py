@@ -146,7 +146,7 @@ def clip_painted(text: str, width: int) -> str:
 def capacity(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     devices = s["devices"]
     if not devices:
-        return ["capacity: no devices reported"]
+        return ["capacity: no devices reported"] + unusable(s, width)
     rows = []
     for klass, c in devices.items():
         usable = c["total"] - c["unreachable"]
@@ -166,12 +166,23 @@ def capacity(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     def colour(col: int, text: str) -> str | None:
         return "red" if col in (4, 5) and text.strip() not in ("0", "") else None
 
-    out = ["capacity:"] + table(rows, headers, width, paint, colour)
-    for card in s.get("cards_unusable") or []:
+    return ["capacity:"] + table(rows, headers, width, paint, colour) + unusable(s, width)
+
+
+def unusable(s: dict[str, Any], width: int) -> list[str]:
+    """Cards with no usable device (MIG on and nothing carved, a driver problem), capped."""
+    cards, more = capped(s.get("cards_unusable") or [], LIST_CAP // 2,
+                         "llmgw ctl nodes")
+    if not cards:
+        return []
+    out = [clip(f"cards that can run nothing ({len(s['cards_unusable'])}):", width)]
+    for card in cards:
         where = f"{card['node']} card {card['card']}" if card["card"] is not None \
             else card["node"]
-        out.append(clip(f"  runs nothing: {where}: {card['problem']}", width))
-    return out[:2 + len(rows) + LIST_CAP]
+        out.append("  " + clip(f"{where}: {card['problem']}", width - 2))
+        if card.get("hint"):
+            out.append("    " + clip(f"what to do: {card['hint']}", width - 4))
+    return out + ([more] if more else [])
 
 
 def fabrics(s: dict[str, Any], width: int, paint: Paint) -> list[str]:

@@ -57,7 +57,10 @@ def small_fleet() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict
              weights={"sources": {"hf://org/llama-70b": {"shared": False}}}),
         node("gpu-02", gpu(0), gpu(1, healthy=False, reason="XID 79: fell off the bus"),
              gpu(2), gpu(3), fabric="ib-a"),
-        node("mig-01", mig(0, 1), mig(0, 2), fabric="ib-a"),
+        node("mig-01", mig(0, 1), mig(0, 2), fabric="ib-a", hardware={"cards": [
+            {"index": 1, "name": "NVIDIA A100-SXM4-80GB", "klass": "a100-80g",
+             "problem": "MIG mode is enabled but no GPU instance is carved",
+             "hint": "carve instances: nvidia-smi mig -i 1 -cgi 9,9 -C"}]}),
         node("gpu-03", gpu(0), gpu(1), fabric="ib-b", age=600),
     ]
     models = [
