@@ -1,14 +1,17 @@
-"""Shared fixtures: a real PostgreSQL server for the session, and every store test run on
-both backends (SQLite and PostgreSQL)."""
+"""Shared fixtures: a real PostgreSQL server for the session, every store test run on both
+backends (SQLite and PostgreSQL), and a real Patroni + etcd cluster on loopback (started
+once per session, only when a test asks for it: 10-20 s)."""
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from llmgw_runtime.store import Store
+from tests.support.patroni_cluster import PatroniCluster, missing_tools
 from tests.support.postgres import PostgresServer
 
 
@@ -35,3 +38,29 @@ def store(store_url: str) -> Iterator[Store]:
     s.migrate()
     yield s
     s.dispose()
+
+
+@pytest.fixture(scope="session")
+def patroni_cluster() -> Iterator[PatroniCluster]:
+    why = missing_tools()
+    if why:
+        pytest.fail(why)
+    cluster = PatroniCluster(3).start()
+    try:
+        yield cluster
+    finally:
+        root = str(cluster.root)
+        cluster.stop()
+        left = subprocess.run(["pgrep", "-f", root], capture_output=True, text=True).stdout
+        assert not cluster.pids() and not left.strip(), \
+            f"the Patroni cluster left processes behind: {cluster.pids()} {left}"
+
+
+@pytest.fixture
+def healthy_cluster(patroni_cluster: PatroniCluster) -> PatroniCluster:
+    """The session's cluster, healed from whatever the previous test did to it."""
+    for name, member in patroni_cluster.nodes.items():
+        if member.proc is None or member.proc.poll() is not None:
+            patroni_cluster.start_member(name)
+    patroni_cluster.wait_healthy(90)
+    return patroni_cluster

@@ -40,7 +40,7 @@ RUN_AS = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
 
 
 def missing_tools() -> str | None:
-    """Why the cluster cannot run here, or None (tests skip with this reason)."""
+    """Why the cluster cannot run here, or None (the fixture fails with this reason)."""
     for path, package in ((PATRONI, "patroni"), (ETCD, "etcd-server"),
                           (f"{PG_BIN}/postgres", "postgresql-15")):
         if not os.path.exists(path):
