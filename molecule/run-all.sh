@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Run every Molecule scenario: each role's molecule/default (in install order), then the
-# whole-cluster scenario molecule/cluster. Prints each scenario's wall time and a summary;
+# replicated store (molecule/store: etcd + Patroni + PostgreSQL on three containers), then
+# the whole-cluster scenario molecule/cluster. Prints each scenario's wall time and a summary;
 # exits non-zero if any failed. Every scenario's containers are destroyed, pass or fail.
 #
 #   molecule/run-all.sh                          all scenarios
 #   LLMGW_MOLECULE_ONLY="common tls" molecule/run-all.sh   only these (role short names,
-#                                                          or "cluster")
+#                                                          or "store", "cluster")
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ORDER=(common tls engines control router agent monitoring)
@@ -53,6 +54,10 @@ for short in "${ORDER[@]}"; do
   wanted "$short" || continue
   run "$short" "$dir"
 done
+
+if [ -f "$ROOT/molecule/store/molecule.yml" ] && wanted store; then
+  run store "$ROOT" -s store
+fi
 
 if [ -f "$ROOT/molecule/cluster/molecule.yml" ] && wanted cluster; then
   run cluster "$ROOT" -s cluster
