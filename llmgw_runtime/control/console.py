@@ -24,6 +24,7 @@ from flask import (
 from werkzeug.exceptions import HTTPException
 
 from ..errors import LlmgwError, StoreError
+from ..status import render
 from ..status.summary import device_label, node_alive
 from ..store import repo
 from . import console_auth as auth
@@ -72,16 +73,8 @@ def paginate(items: list[Any]) -> tuple[list[Any], dict[str, int]]:
 
 @bp.app_template_filter("duration")
 def duration(seconds: float | None) -> str:
-    """``45 s``, ``12 min``, ``5.2 h``, ``3.1 d``; ``-`` when unknown (None or negative)."""
-    if seconds is None or seconds < 0:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
+    """As ``ctl status`` writes it (``45s``, ``12m``, ``3h05m``); ``-`` when unknown."""
+    return "-" if seconds is None else render.duration(seconds)
 
 
 @bp.app_template_filter("utc")
