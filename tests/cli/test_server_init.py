@@ -35,7 +35,7 @@ from llmgw_runtime.store.switch import (
 )
 from tests.store.test_move import populate
 from tests.support.patroni_cluster import PatroniCluster
-from tests.support.procs import free_port
+from tests.support.procs import free_port, wait_until
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "server_init"
 
@@ -281,7 +281,20 @@ class ClusterStore:
         with conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE {name} OWNER llmgw")
         conn.close()
+        wait_until(lambda: all(self._has(member, name) for member in self.cluster.nodes),
+                   20, f"database {name} on every member")
         return name
+
+    def _has(self, member: str, database: str) -> bool:
+        """libpq tries the hosts in order: a standby that has not replayed the CREATE
+        DATABASE yet refuses the connection before the primary is tried."""
+        conn = psycopg2.connect(self.cluster.superuser_dsn(member))
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+                return cur.fetchone() is not None
+        finally:
+            conn.close()
 
     def url(self, database: str) -> str:
         return self.cluster.url(database)
