@@ -12,10 +12,10 @@ from typing import Any
 import click
 
 from ..catalog import parse_duration
-from ..status.render import render
+from ..status.render import human_bytes, render
 from ..status.summary import device_label
 from .client import Client, admin_token
-from .output import ago, emit, output_option, table
+from .output import ago, emit, output_option
 
 
 @click.group()
@@ -127,14 +127,6 @@ def where(replica: dict[str, Any]) -> str:
     return " +".join(f"{node}:{','.join(map(str, devs))}" for node, devs in spots)
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
-
-
 def state_text(replica: dict[str, Any]) -> str:
     """The state, with download progress while fetching (``fetching 1.2 GB/4.0 GB 30%
     at 85.0 MB/s``) and failed parts of a multi-node replica."""
@@ -217,30 +209,6 @@ def status(ctx: click.Context, fmt: str, watch: bool, interval: float,
         return
 
 
-def fabric_table(fabrics: dict[str, Any]) -> str:
-    """Per fabric: nodes reporting and the models whose weights it already holds."""
-    return table([(name, f"{f['reporting']}/{f['nodes']}", ", ".join(f["models"]) or "-")
-                  for name, f in fabrics.items()], ("FABRIC", "NODES", "HOLDS WEIGHTS OF"))
-
-
-def device_table(devices: dict[str, dict[str, int]]) -> str:
-    if not devices:
-        return "devices: none reported"
-    return table([(k, v["total"], v["used"], v["free"], v["unhealthy"], v["unreachable"])
-                  for k, v in devices.items()],
-                 ("CLASS", "TOTAL", "USED", "FREE", "UNHEALTHY", "UNREACHABLE"))
-
-
-def unusable_lines(cards: list[dict[str, Any]]) -> str:
-    lines = []
-    for card in cards:
-        where = f"{card['node']} card {card['card']}" if card["card"] is not None \
-            else card["node"]
-        lines.append(f"  {where}: {card['problem']}"
-                     + (f"\n      what to do: {card['hint']}" if card.get("hint") else ""))
-    return "\n".join(lines)
-
-
 @ctl.command()
 @output_option
 @click.pass_context
@@ -250,13 +218,9 @@ def plan(ctx: click.Context, fmt: str) -> None:
     if fmt == "json":
         emit(data, [], [], "json")
         return
-    click.echo(device_table(data["devices"]))
-    unusable = unusable_lines(data["cards_unusable"])
-    if unusable:
-        click.echo("\ncards that can run nothing:\n" + unusable)
-    if data.get("fabrics"):
-        click.echo("\n" + fabric_table(data["fabrics"]))
-    click.echo("")
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    click.echo(render(data, shutil.get_terminal_size((100, 40)).columns, color,
+                      sections=("capacity", "fabrics")), color=color)
     if not (data["starts"] or data["stops"] or data["unplaceable"]):
         click.echo("nothing to do: every model has what it wants")
     models_ = data.get("models") or {}

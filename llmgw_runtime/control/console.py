@@ -89,15 +89,7 @@ def gb(mb: float | None) -> str:
     return "-" if mb is None else f"{mb / 1024:.1f}"
 
 
-@bp.app_template_filter("bytes")
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
+bp.add_app_template_filter(render.human_bytes, "bytes")
 
 
 @bp.after_request

@@ -76,8 +76,9 @@ def plan() -> Any:
     node_dicts = [repo.node_to_dict(n) for n in nodes]
     replica_dicts = [repo.replica_to_dict(r, parts.get(r.id)) for r in live]
     by_id = {r.id: r for r in live}
+    used = summary.used_devices(replica_dicts)
     fabrics, model_weights = summary.fabrics(
-        [repo.model_to_dict(m) for m in models], node_dicts, now, config.node_timeout_s)
+        [repo.model_to_dict(m) for m in models], node_dicts, now, config.node_timeout_s, used)
     return jsonify({
         "starts": [{"model": s.model, "node": s.node, "devices": list(s.devices),
                     "parts": [{"rank": p.rank, "node": p.node, "devices": list(p.devices)}
@@ -89,7 +90,7 @@ def plan() -> Any:
                   for rid in result.stops],
         "unplaceable": result.unplaceable,
         "devices": summary.devices_by_class(node_dicts, replica_dicts, now,
-                                            config.node_timeout_s),
+                                            config.node_timeout_s, used),
         "cards_unusable": summary.idle_cards(node_dicts),
         "fabrics": fabrics,
         "models": model_weights,

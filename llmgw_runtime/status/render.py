@@ -23,6 +23,7 @@ STATE_COLOUR = {"ready": "green", "idle": "dim", "parked": "red", "unplaceable":
                 "pending": "yellow", "fetching": "yellow", "stopping": "dim",
                 "stopped": "dim"}
 
+SECTIONS = ("head", "capacity", "fabrics", "models", "problems", "idle", "store")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 Paint = Callable[[str, str], str]
 
@@ -103,12 +104,16 @@ def capped(rows: list[Any], cap: int, more: str) -> tuple[list[Any], str | None]
     return rows[:cap], f"  ... and {number(len(rows) - cap)} more ({more})"
 
 
-def render(summary: dict[str, Any], width: int = 100, color: bool = False) -> str:
-    """The whole screen, each line at most ``max(width, 60)`` characters (plus colour codes)."""
+def render(summary: dict[str, Any], width: int = 100, color: bool = False,
+           sections: Sequence[str] = SECTIONS) -> str:
+    """The whole screen, each line at most ``max(width, 60)`` characters (plus colour codes).
+    ``sections`` picks parts by name (``ctl plan`` shows capacity and fabrics)."""
     width = max(width, MIN_WIDTH)
     paint = painter(color)
     lines: list[str] = []
-    for section in (head, capacity, fabrics, models, problems, idle, store):
+    parts = {"head": head, "capacity": capacity, "fabrics": fabrics, "models": models,
+             "problems": problems, "idle": idle, "store": store}
+    for section in (parts[name] for name in sections):
         block = section(summary, width, paint)
         if block:
             lines += block + [""]
@@ -312,7 +317,10 @@ def store(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
                            colour)
 
 
-def human_bytes(n: float) -> str:
+def human_bytes(n: float | None) -> str:
+    """``512 B``, ``1.2 GB``; ``-`` when unknown."""
+    if n is None:
+        return "-"
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

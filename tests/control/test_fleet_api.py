@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conftest import Api
+from .conftest import CPU, Api
 
 BIG = """models:
   - name: big
@@ -108,6 +108,20 @@ def test_status_and_plan_say_which_fabric_holds_which_model(api: Api) -> None:
     assert plan["models"]["small"] == {"fabrics_with_weights": ["ib-a"],
                                        "nodes_with_weights": 2}
     assert plan["models"]["big"]["fabrics_with_weights"] == []
+
+
+def test_status_and_plan_count_the_same_free_whole_nodes(api: Api) -> None:
+    from llmgw_runtime.store import repo
+
+    put(api, SMALL)
+    fleet(api, {"n1": "ib-a", "n2": "ib-a", "n3": "ib-b"})
+    with api.store.begin() as conn:        # a starting replica holds n3's only device
+        repo.add_replica(conn, "r-busy", "small", "n3", (CPU["id"],), 1.0)
+    status = api.call("GET", "/api/v1/status").json
+    plan = api.call("GET", "/api/v1/plan").json
+    assert status["fabrics"]["ib-b"]["free_nodes"] == 0
+    assert status["fabrics"]["ib-a"]["free_nodes"] == 2
+    assert plan["fabrics"] == status["fabrics"]
 
 
 def test_a_placement_warning_is_logged_once_per_reason_not_every_tick(
