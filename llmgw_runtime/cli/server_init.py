@@ -24,6 +24,7 @@ import click
 from ..errors import ConfigError, LlmgwError
 from ..store import patroni
 from ..store.db import Store, redact_url
+from ..store.members import rest_url
 from ..store.move import MoveError, backup_sqlite, move, snapshot
 from ..store.playbook import failure_report, run_playbook
 from ..store.switch import (
@@ -226,8 +227,7 @@ def run_init(hosts_text: tuple[str, ...], *, current: Current, env_path: Path,
         _step(6, "switch the control service to the cluster")
         env_text = env_path.read_text() if env_path.exists() else ""
         _switch(env_path, env_text, target, svc, was_active,
-                ",".join(f"http://{'[' + h + ']' if ':' in h else h}:{settings.rest_port}"
-                         for h in rest_hosts))
+                ",".join(rest_url(h, settings.rest_port) for h in rest_hosts))
     except KeyboardInterrupt:
         if was_active:
             svc.start()

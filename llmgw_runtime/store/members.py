@@ -36,7 +36,12 @@ def patroni_urls(configured: str, database_url: str,
     hosts = database_hosts(database_url)
     if len(hosts) < 2:
         return []
-    return [f"http://{'[' + h + ']' if ':' in h else h}:{rest_port}" for h in hosts]
+    return [rest_url(h, rest_port) for h in hosts]
+
+
+def rest_url(host: str, port: int = DEFAULT_REST_PORT) -> str:
+    """``http://HOST:PORT`` of a member's Patroni REST API (an IPv6 address bracketed)."""
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
 def database_hosts(url: str) -> list[str]:

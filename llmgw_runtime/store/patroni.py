@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..errors import ConfigError
-from .members import get_json
+from .members import get_json, rest_url
 
 STORE_GROUP = "llmgw_store"
 WITNESS_GROUP = "llmgw_store_witness"
@@ -262,5 +262,4 @@ def judge_cluster(answers: dict[str, dict[str, Any] | str], expected: int) -> Cl
 def fetch_cluster(hosts: list[str], rest_port: int,
                   timeout: float = 3.0) -> dict[str, dict[str, Any] | str]:
     """``GET http://HOST:REST_PORT/cluster`` on each host: its JSON, or why not."""
-    return {host: get_json(f"http://{'[' + host + ']' if ':' in host else host}:{rest_port}"
-                           "/cluster", timeout) for host in hosts}
+    return {host: get_json(rest_url(host, rest_port) + "/cluster", timeout) for host in hosts}
