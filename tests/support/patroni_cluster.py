@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg2
 
-from .procs import descendants, free_port, pid_alive, wait_until
+from .procs import descendants, free_port, pid_alive, terminate, wait_until
 
 PATRONI = "/usr/bin/patroni"
 ETCD = "/usr/bin/etcd"
@@ -378,14 +378,8 @@ class PatroniCluster:
     def stop_member(self, name: str, timeout: float = 60) -> None:
         """SIGTERM Patroni: it stops PostgreSQL cleanly (a switchover when it led)."""
         member = self.nodes[name]
-        if member.proc is None or member.proc.poll() is not None:
-            return
-        member.proc.send_signal(signal.SIGTERM)
-        try:
-            member.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(member.proc.pid, signal.SIGKILL)
-            member.proc.wait()
+        if member.proc is not None:
+            terminate(member.proc, timeout)
 
     def _reap(self, name: str) -> None:
         member = self.nodes[name]

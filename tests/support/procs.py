@@ -78,14 +78,20 @@ class LlmgwProcess:
             os.kill(self.proc.pid, sig)
 
     def stop(self, timeout: float = 20) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        terminate(self.proc, timeout)
         self._fh.close()
+
+
+def terminate(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM a process started in its own session; SIGKILL its group after ``timeout``."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def pid_alive(pid: int) -> bool:
