@@ -138,20 +138,26 @@ def idle_replicas(replicas: list[dict[str, Any]], nodes: list[dict[str, Any]], n
     """"What can I stop": ready replicas nobody asked for in the last ``idle_after_s``
     (from the routers' idle map), longest idle first, with the cards they hold. A replica
     no router has reported is unknown, not idle: listed apart, ``idle_s`` -1."""
-    labels = {(n["name"], d["id"]): device_label(d)
-              for n in nodes for d in n.get("devices", [])}
+    devices_of = {n["name"]: n.get("devices", []) for n in nodes}
+
+    def label_of(node: str, device_id: int) -> str:
+        dev = next((d for d in devices_of.get(node, ()) if d["id"] == device_id), None)
+        return f"{node}:{device_id if dev is None else device_label(dev)}"
+
     idle, unknown = [], []
     for r in replicas:
         if r["state"] != "ready" or not r.get("desired", True):
             continue
+        if r.get("last_used") is not None and now - r["last_used"] < idle_after_s:
+            continue                               # in use: no labels to make
         spots = [(r["node"], r["devices"])] + [(p["node"], p["devices"])
                                                for p in r.get("parts") or []]
-        held = [f"{node}:{labels.get((node, d), d)}" for node, devs in spots for d in devs]
+        held = [label_of(node, d) for node, devs in spots for d in devs]
         entry = {"id": r["id"], "model": r["model"], "node": r["node"], "devices": held,
                  "cards": len(held)}
         if r.get("last_used") is None:
             unknown.append({**entry, "idle_s": -1})
-        elif now - r["last_used"] >= idle_after_s:
+        else:
             idle.append({**entry, "idle_s": round(now - r["last_used"], 1)})
     idle.sort(key=lambda e: (-e["idle_s"], e["id"]))
     unknown.sort(key=lambda e: e["id"])
