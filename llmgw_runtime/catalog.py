@@ -1,20 +1,45 @@
 """The catalog: parse and validate model entries (a pure function of the text).
 
 Validation reports every problem at once, each naming the model and the field, and the
-caller writes nothing when any entry is bad.
+caller writes nothing when any entry is bad. Every count and length has a maximum
+(catalog_bounds.py), the YAML is read within bounds of size, nesting and alias expansion, and
+an error lists at most a bounded number of problems of bounded length. Args that set a flag
+the agent owns (engines/owned.py) and sources whose downloaded name would not be one safe
+file name in the weights directory (weights/sources.py) are refused here, at apply time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import yaml
-
-from .errors import CatalogError
+from .catalog_bounds import (
+    MAX_ARG_CHARS,
+    MAX_ARGS,
+    MAX_CLASS_CHARS,
+    MAX_GPUS,
+    MAX_IDLE_STOP_AFTER_S,
+    MAX_MEMORY_GB,
+    MAX_MODELS,
+    MAX_NAME_CHARS,
+    MAX_NODES,
+    MAX_PP,
+    MAX_REPLICAS,
+    MAX_SIZE_BYTES,
+    MAX_SOURCE_CHARS,
+    MAX_TP,
+    brief,
+    brief_text,
+    cap_problems,
+    load_yaml,
+)
+from .engines.owned import owned_flags_in, owned_flags_message
+from .errors import CatalogError, EngineError
+from .weights.sources import parse_source
 
 ENGINES = ("llama.cpp", "vllm")
 MODEL_FIELDS = ("name", "source", "engine", "profile", "replicas", "on_demand",
@@ -28,6 +53,8 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*(/[A-Za-z0-9._:@+-]+)*$")
 CLASS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_MAXIMA = {"gpus": MAX_GPUS, "tp": MAX_TP, "pp": MAX_PP, "nodes": MAX_NODES}
+_MAXIMUM_NAMES = {"gpus": "MAX_GPUS", "tp": "MAX_TP", "pp": "MAX_PP", "nodes": "MAX_NODES"}
 
 
 @dataclass(frozen=True)
@@ -90,52 +117,66 @@ def is_mig_class(klass: str) -> bool:
 
 
 def parse_duration(value: Any) -> float:
-    """``30m``, ``1h``, ``90s``, ``2d`` or a number of seconds."""
+    """``30m``, ``1h``, ``90s``, ``2d`` or a number of seconds (finite)."""
     if isinstance(value, bool):
         raise ValueError("is a boolean")
     if isinstance(value, int | float):
-        if value <= 0:
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValueError("is too large a number of seconds") from None
+        if not math.isfinite(seconds):
+            raise ValueError(f"must be a finite number of seconds, not {seconds}")
+        if seconds <= 0:
             raise ValueError("must be above zero")
-        return float(value)
-    match = DURATION_RE.match(str(value).strip())
+        return seconds
+    text = str(value).strip() if isinstance(value, str) else ""
+    match = DURATION_RE.match(text) if len(text) <= 32 else None
     if not match:
-        raise ValueError(f"{value!r} is not a duration; write it like 30m, 1h or 90s")
+        raise ValueError(f"{brief(value)} is not a duration; write it like 30m, 1h or 90s")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if seconds <= 0:
         raise ValueError("must be above zero")
     return seconds
 
 
-def _int(problems: list[str], where: str, value: Any, minimum: int) -> int:
+def _int(problems: list[str], where: str, value: Any, minimum: int,
+         maximum: int | None = None, maximum_name: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        problems.append(f"{where} must be a whole number, not {value!r}")
+        problems.append(f"{where} must be a whole number, not {brief(value)}")
         return minimum
     if value < minimum:
-        problems.append(f"{where} must be at least {minimum}, not {value}")
+        problems.append(f"{where} must be at least {minimum}, not {brief(value)}")
+    elif maximum is not None and value > maximum:
+        problems.append(f"{where} must be at most {maximum} (llmgw's {maximum_name}), "
+                        f"not {brief(value)}")
+        return maximum
     return value
 
 
 def _profile(problems: list[str], who: str, raw: Any) -> Profile | None:
     if not isinstance(raw, dict):
         problems.append(f"{who}: profile must be a mapping like "
-                        "{class: a100-80g, gpus: 1}, not {raw!r}")
+                        f"{{class: a100-80g, gpus: 1}}, not {brief(raw)}")
         return None
     for key in raw:
         if key not in PROFILE_FIELDS:
-            problems.append(f"{who}: profile.{key} is not a known field; "
+            problems.append(f"{who}: profile.{brief_text(key)} is not a known field; "
                             f"known: {', '.join(PROFILE_FIELDS)}")
     klass = raw.get("class")
-    if not isinstance(klass, str) or not CLASS_RE.match(klass):
+    if not isinstance(klass, str) or len(klass) > MAX_CLASS_CHARS or not CLASS_RE.match(klass):
         problems.append(f"{who}: profile.class is required: a lower-case device class like "
-                        f"a100-80g, a100-80g-mig-3g.40gb or cpu (got {klass!r})")
+                        f"a100-80g, a100-80g-mig-3g.40gb or cpu, at most {MAX_CLASS_CHARS} "
+                        f"characters (got {brief(klass)})")
         klass = "invalid"
-    sizes = {k: _int(problems, f"{who}: profile.{k}", raw.get(k, 1), 1)
+    sizes = {k: _int(problems, f"{who}: profile.{k}", raw.get(k, 1), 1, _MAXIMA[k],
+                     _MAXIMUM_NAMES[k])
              for k in ("gpus", "tp", "pp", "nodes")}
     memory = raw.get("memory_gb")
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int | float)
-                               or memory <= 0):
-        problems.append(f"{who}: profile.memory_gb must be a number of GB above zero, "
-                        f"not {memory!r}")
+                               or not 0 < memory <= MAX_MEMORY_GB):
+        problems.append(f"{who}: profile.memory_gb must be a number of GB above zero and at "
+                        f"most {MAX_MEMORY_GB:g} (llmgw's MAX_MEMORY_GB), not {brief(memory)}")
         memory = None
     if is_mig_class(klass):
         for key, value in sizes.items():
@@ -152,32 +193,31 @@ def _profile(problems: list[str], who: str, raw: Any) -> Profile | None:
 def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
     if not isinstance(raw, dict):
         problems.append(f"models[{index}] must be a mapping with name, source, engine and "
-                        f"profile, not {raw!r}")
+                        f"profile, not {brief(raw)}")
         return None
     name = raw.get("name")
-    who = f"models[{index}] ({name})" if isinstance(name, str) else f"models[{index}]"
+    who = f"models[{index}] ({brief_text(name)})" if isinstance(name, str) else f"models[{index}]"
     before = len(problems)
     for key in raw:
         if key not in MODEL_FIELDS:
-            problems.append(f"{who}: {key} is not a known field; known: "
+            problems.append(f"{who}: {brief_text(key)} is not a known field; known: "
                             f"{', '.join(MODEL_FIELDS)}")
-    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > 200:
-        problems.append(f"{who}: name {name!r} cannot be routed; use letters, digits and "
-                        ". _ - : @ + / (no spaces, not starting with / or .)")
+    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS or not NAME_RE.match(name):
+        problems.append(f"{who}: name {brief(name)} cannot be routed; use letters, digits and "
+                        ". _ - : @ + / (no spaces, not starting with / or .), at most "
+                        f"{MAX_NAME_CHARS} characters (llmgw's MAX_NAME_CHARS)")
     source = raw.get("source")
-    if not isinstance(source, str) or not (source.startswith(SOURCE_SCHEMES)
-                                           or source.startswith("/")):
-        problems.append(f"{who}: source {source!r} must be file:///PATH, an absolute path, "
-                        "hf://ORG/REPO/FILE or https://URL")
+    _source(problems, who, source)
     engine = raw.get("engine")
     if engine not in ENGINES:
-        problems.append(f"{who}: engine {engine!r} is unknown; use one of "
+        problems.append(f"{who}: engine {brief(engine)} is unknown; use one of "
                         f"{', '.join(ENGINES)}")
     profile = _profile(problems, who, raw.get("profile"))
-    replicas = _int(problems, f"{who}: replicas", raw.get("replicas", 1), 0)
+    replicas = _int(problems, f"{who}: replicas", raw.get("replicas", 1), 0, MAX_REPLICAS,
+                    "MAX_REPLICAS")
     on_demand = raw.get("on_demand", False)
     if not isinstance(on_demand, bool):
-        problems.append(f"{who}: on_demand must be true or false, not {on_demand!r}")
+        problems.append(f"{who}: on_demand must be true or false, not {brief(on_demand)}")
     idle = raw.get("idle_stop_after")
     idle_s: float | None = None
     if idle is not None:
@@ -188,24 +228,24 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
             idle_s = parse_duration(idle)
         except ValueError as exc:
             problems.append(f"{who}: idle_stop_after {exc}")
-    args = raw.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, str | int | float)
-                                             and not isinstance(a, bool) for a in args):
-        problems.append(f"{who}: args must be a list of strings like "
-                        "[\"--ctx-size\", \"8192\"], not {args!r}")
-        args = []
+        if idle_s is not None and idle_s > MAX_IDLE_STOP_AFTER_S:
+            problems.append(f"{who}: idle_stop_after must be at most "
+                            f"{MAX_IDLE_STOP_AFTER_S / 86400:g}d (llmgw's "
+                            "MAX_IDLE_STOP_AFTER_S)")
+    args = _args(problems, who, raw.get("args", []), engine)
     strategy = raw.get("strategy", "binpack")
     if strategy not in STRATEGIES:
-        problems.append(f"{who}: strategy {strategy!r} is unknown; use binpack (fill busy "
-                        "nodes first, the default) or spread (replicas on different nodes)")
+        problems.append(f"{who}: strategy {brief(strategy)} is unknown; use binpack (fill "
+                        "busy nodes first, the default) or spread (replicas on different "
+                        "nodes)")
     sha256 = raw.get("sha256")
-    if sha256 is not None and (not isinstance(sha256, str)
+    if sha256 is not None and (not isinstance(sha256, str) or len(sha256) != 64
                                or not SHA256_RE.match(sha256.lower())):
         problems.append(f"{who}: sha256 must be 64 hexadecimal digits (sha256sum's output), "
-                        f"not {sha256!r}")
+                        f"not {brief(sha256)}")
     size = raw.get("size_bytes")
     if size is not None:
-        size = _int(problems, f"{who}: size_bytes", size, 1)
+        size = _int(problems, f"{who}: size_bytes", size, 1, MAX_SIZE_BYTES, "MAX_SIZE_BYTES")
     if (sha256 is not None or size is not None) and isinstance(source, str) \
             and source.startswith("hf://"):
         problems.append(f"{who}: sha256 and size_bytes apply to https:// and file:// "
@@ -220,6 +260,56 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
                      size_bytes=size)
 
 
+def _source(problems: list[str], who: str, source: Any) -> None:
+    """A source the agent can fetch and store safely (weights/sources.py says why not)."""
+    if not isinstance(source, str) or not (source.startswith(SOURCE_SCHEMES)
+                                           or source.startswith("/")):
+        problems.append(f"{who}: source {brief(source)} must be file:///PATH, an absolute "
+                        "path, hf://ORG/REPO/FILE or https://URL")
+    elif len(source) > MAX_SOURCE_CHARS:
+        problems.append(f"{who}: source {brief(source)} is {len(source)} characters, over "
+                        f"the maximum of {MAX_SOURCE_CHARS} (llmgw's MAX_SOURCE_CHARS)")
+    elif not source.isprintable():
+        problems.append(f"{who}: source {brief(source)} holds a control character (NUL, "
+                        "newline, tab, ...); write it on one line")
+    else:
+        try:
+            parse_source(source)
+        except EngineError as exc:
+            problems.append(f"{who}: {exc.message}")
+
+
+def _args(problems: list[str], who: str, args: Any, engine: Any) -> list[Any]:
+    """The engine args: a bounded list of short strings (or numbers), none of them a flag the
+    agent owns for ``engine``."""
+    if not isinstance(args, list):
+        problems.append(f"{who}: args must be a list of strings like "
+                        f"[\"--ctx-size\", \"8192\"], not {brief(args)}")
+        return []
+    if len(args) > MAX_ARGS:
+        problems.append(f"{who}: args has {len(args)} items, over the maximum of {MAX_ARGS} "
+                        "(llmgw's MAX_ARGS)")
+        return []
+    bad = [a for a in args if not isinstance(a, str | int | float) or isinstance(a, bool)]
+    if bad:
+        problems.append(f"{who}: args must be a list of strings like "
+                        f"[\"--ctx-size\", \"8192\"], not {brief(args)}")
+        return []
+    long = [i for i, a in enumerate(args) if len(str(a)) > MAX_ARG_CHARS]
+    if long:
+        problems.append(f"{who}: args[{long[0]}] is {len(str(args[long[0]]))} characters, "
+                        f"over the maximum of {MAX_ARG_CHARS} (llmgw's MAX_ARG_CHARS)")
+        return []
+    if any("\0" in str(a) for a in args):
+        problems.append(f"{who}: args hold a NUL character, which no command line can carry")
+        return []
+    if isinstance(engine, str):
+        owned = owned_flags_in(engine, args)
+        if owned:
+            problems.append(f"{who}: {owned_flags_message(engine, owned)}")
+    return args
+
+
 def validate(document: Any) -> list[ModelSpec]:
     """The models of a parsed catalog document, or CatalogError listing every problem."""
     problems: list[str] = []
@@ -229,12 +319,16 @@ def validate(document: Any) -> list[ModelSpec]:
                                     "engine: llama.cpp, profile: {class: cpu}}]"])
     extra = [k for k in document if k != "models"]
     if extra:
-        problems.append(f"catalog: {', '.join(map(str, extra))} is not a known top-level "
-                        "field; only 'models' is")
+        problems.append(f"catalog: {', '.join(brief_text(k) for k in extra[:5])} is not a known "
+                        "top-level field; only 'models' is")
     entries = document["models"]
     if not isinstance(entries, list):
         raise CatalogError("the catalog's 'models' must be a list", details=[
             f"got {type(entries).__name__}"])
+    if len(entries) > MAX_MODELS:
+        raise CatalogError(f"the catalog has {len(entries)} models, over the maximum of "
+                           f"{MAX_MODELS} (llmgw's MAX_MODELS); nothing was applied",
+                           details=["split the fleet, or remove models nobody uses"])
     specs: list[ModelSpec] = []
     seen: dict[str, int] = {}
     for index, raw in enumerate(entries):
@@ -242,7 +336,7 @@ def validate(document: Any) -> list[ModelSpec]:
         name = raw.get("name") if isinstance(raw, dict) else None
         if isinstance(name, str):
             if name in seen:
-                problems.append(f"models[{index}] ({name}): name is also used by "
+                problems.append(f"models[{index}] ({brief_text(name)}): name is also used by "
                                 f"models[{seen[name]}]; names must be unique")
             seen.setdefault(name, index)
         if spec is not None:
@@ -250,21 +344,14 @@ def validate(document: Any) -> list[ModelSpec]:
     if problems:
         noun = "problem" if len(problems) == 1 else "problems"
         raise CatalogError(f"the catalog has {len(problems)} {noun}; nothing was applied",
-                           details=problems)
+                           details=cap_problems(problems))
     return specs
 
 
 def parse(text: str) -> list[ModelSpec]:
-    """Parse catalog YAML (JSON is YAML too) and validate it."""
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise CatalogError(f"the catalog is not valid YAML{where}: {problem}; "
-                           "nothing was applied") from None
-    return validate(document)
+    """Parse catalog YAML (JSON is YAML too) and validate it. The text is read within the
+    bounds of catalog_bounds.load_yaml (size, nesting, alias expansion)."""
+    return validate(load_yaml(text))
 
 
 def spec_from_row(row: Any) -> ModelSpec:

@@ -122,3 +122,192 @@ def test_checksum_is_part_of_the_definition_but_strategy_is_not() -> None:
     [summed] = catalog.validate({"models": [entry(sha256="A" * 64, **base)]})
     assert spread.strategy == "spread" and spread.definition_hash == plain.definition_hash
     assert summed.sha256 == "a" * 64 and summed.definition_hash != plain.definition_hash
+
+
+# -- bounds ----------------------------------------------------------------------------------
+
+def parse_error(text: str) -> CatalogError:
+    with pytest.raises(CatalogError) as info:
+        catalog.parse(text)
+    return info.value
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"replicas": 100_000_000}, "replicas must be at most 256 (llmgw's MAX_REPLICAS), not "
+                                "100000000"),
+    ({"profile": {"class": "h100-80g", "gpus": 17, "tp": 17}},
+     "profile.gpus must be at most 16 (llmgw's MAX_GPUS)"),
+    ({"profile": {"class": "h100-80g", "nodes": 65, "tp": 65}},
+     "profile.nodes must be at most 64 (llmgw's MAX_NODES)"),
+    ({"profile": {"class": "h100-80g", "tp": 2000}}, "profile.tp must be at most 1024"),
+    ({"profile": {"class": "h100-80g", "pp": 2000}}, "profile.pp must be at most 1024"),
+    ({"profile": {"class": "cpu", "memory_gb": float("nan")}}, "at most 16384"),
+    ({"profile": {"class": "cpu", "memory_gb": float("inf")}}, "(llmgw's MAX_MEMORY_GB)"),
+    ({"profile": {"class": "c" * 65}}, "at most 64 characters"),
+    ({"args": ["--ctx-size", "8192"] * 33}, "args has 66 items, over the maximum of 64 "
+                                            "(llmgw's MAX_ARGS)"),
+    ({"args": ["--chat-template", "x" * 1025]}, "args[1] is 1025 characters, over the "
+                                                "maximum of 1024 (llmgw's MAX_ARG_CHARS)"),
+    ({"args": ["--chat-template", "a\0b"]}, "NUL character"),
+    ({"name": "n" * 201}, "at most 200 characters (llmgw's MAX_NAME_CHARS)"),
+    ({"source": "https://x/" + "p/" * 1100 + "m.gguf"}, "over the maximum of 2048 (llmgw's "
+                                                         "MAX_SOURCE_CHARS)"),
+    ({"source": "/m/a\nb.gguf"}, "holds a control character"),
+    ({"source": "https://x/m.gguf", "size_bytes": 1 << 60}, "(llmgw's MAX_SIZE_BYTES)"),
+    ({"on_demand": True, "idle_stop_after": float("inf")}, "finite number of seconds"),
+    ({"on_demand": True, "idle_stop_after": "400d"}, "at most 365d"),
+])
+def test_every_count_and_length_has_a_maximum_named_in_the_message(
+        over: dict[str, object], words: str) -> None:
+    msgs = problems(entry(**over))
+    assert any(words in m for m in msgs), msgs
+
+
+def test_the_largest_allowed_values_are_accepted() -> None:
+    [spec] = catalog.validate({"models": [entry(
+        replicas=256, name="n" * 200, args=["--ctx-size", "x" * 1024] + ["-v"] * 62,
+        profile={"class": "h100-80g", "gpus": 16, "nodes": 64, "tp": 1024, "pp": 1})]})
+    assert spec.replicas == 256 and spec.profile.tp == 1024 and len(spec.args) == 64
+
+
+def test_a_catalog_with_more_than_the_maximum_models_is_refused_at_once() -> None:
+    entries = [entry(name=f"m{i}") for i in range(2001)]
+    with pytest.raises(CatalogError) as info:
+        catalog.validate({"models": entries})
+    assert "2001 models, over the maximum of 2000 (llmgw's MAX_MODELS)" in info.value.message
+
+
+def test_aliases_that_multiply_are_refused_with_a_short_message() -> None:
+    # "billion laughs": 9 levels of 9 aliases each would be 387 million strings
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    lines.append("models: [{name: x, source: *a8, engine: llama.cpp, profile: {class: cpu}}]")
+    error = parse_error("\n".join(lines))
+    assert "aliases expand to more than" in error.message and "MAX_EXPANDED" in error.message
+    assert "nothing was applied" in error.message
+    assert len(str(error)) < 1000
+
+
+def test_a_small_shared_anchor_is_still_fine() -> None:
+    specs = catalog.parse("models:\n"
+                          "  - {name: a, source: /m/a.gguf, engine: llama.cpp,\n"
+                          "     profile: &cpu {class: cpu, memory_gb: 2}}\n"
+                          "  - {name: b, source: /m/b.gguf, engine: llama.cpp, profile: *cpu}\n")
+    assert [s.profile.memory_gb for s in specs] == [2.0, 2.0]
+
+
+def test_an_alias_inside_the_node_it_names_is_refused() -> None:
+    assert "refers to the node that holds it" in parse_error("models: &m [*m]\n").message
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("models: " + "[" * 40 + "]" * 40, id="flow-40"),
+    pytest.param("models: " + "[" * 5000 + "]" * 5000, id="flow-5000"),
+    pytest.param("models:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 400)),
+                 id="block-400"),
+])
+def test_deep_nesting_is_refused_naming_the_limit(text: str) -> None:
+    error = parse_error(text)
+    assert "nests deeper than 16 levels (MAX_DEPTH)" in error.message
+
+
+def test_a_catalog_over_the_size_limit_is_refused_before_reading_it() -> None:
+    text = "models: []\n# " + "x" * (4 * 1024 * 1024)
+    error = parse_error(text)
+    assert "over the maximum of 4194304 bytes (MAX_CATALOG_BYTES)" in error.message
+
+
+def test_an_integer_too_long_to_read_is_a_catalog_error() -> None:
+    error = parse_error("models: [{name: x, source: /m, engine: llama.cpp, "
+                        "profile: {class: cpu}, replicas: " + "9" * 5000 + "}]")
+    assert "cannot be read" in error.message and len(str(error)) < 1000
+
+
+def test_the_error_lists_a_bounded_number_of_problems_each_cut_short() -> None:
+    huge = "x" * 100_000
+    entries = [entry(name=f"m{i}", engine=huge, colour={huge: [huge] * 100}) for i in range(300)]
+    with pytest.raises(CatalogError) as info:
+        catalog.validate({"models": entries})
+    details = info.value.details
+    assert info.value.message == "the catalog has 600 problems; nothing was applied"
+    assert len(details) == 51
+    assert details[-1] == "... and 550 more problems (only the first 50 are listed)"
+    assert all(len(d) <= 400 for d in details)
+    assert len(str(info.value)) < 30_000
+
+
+# -- args the agent owns -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine, args, named", [
+    ("llama.cpp", ["--host", "0.0.0.0"], "--host"),
+    ("llama.cpp", ["--host=0.0.0.0"], "--host"),
+    ("llama.cpp", ["--ho", "0.0.0.0"], "--ho"),
+    ("llama.cpp", ["--port", "80"], "--port"),
+    ("llama.cpp", ["-m", "/etc/shadow"], "-m"),
+    ("llama.cpp", ["--alias", "other"], "--alias"),
+    ("llama.cpp", ["--api-key", "k"], "--api-key"),
+    ("llama.cpp", ["-hf", "org/repo"], "-hf"),
+    ("llama.cpp", ["--model-url", "https://x/m.gguf"], "--model-url"),
+    ("llama.cpp", ["--rpc", "10.0.0.1:50052"], "--rpc"),
+    ("llama.cpp", ["--log-file", "/etc/cron.d/x"], "--log-file"),
+    ("llama.cpp", ["--slot-save-path", "/"], "--slot-save-path"),
+    ("llama.cpp", ["--path", "/"], "--path"),
+    ("vllm", ["--host", "0.0.0.0"], "--host"),
+    ("vllm", ["--served_model_name", "other"], "--served_model_name"),
+    ("vllm", ["--port=80"], "--port"),
+    ("vllm", ["--model", "/x"], "--model"),
+    ("vllm", ["--download-dir", "/etc"], "--download-dir"),
+    ("vllm", ["--ssl-keyfile", "k.pem"], "--ssl-keyfile"),
+    ("vllm", ["--config", "args.yaml"], "--config"),
+    ("vllm", ["--master-addr", "evil"], "--master-addr"),
+    ("vllm", ["--allowed-local-media-path", "/"], "--allowed-local-media-path"),
+    ("vllm", ["--po", "80"], "--po"),
+])
+def test_args_that_set_what_the_agent_owns_are_refused_naming_them(
+        engine: str, args: list[str], named: str) -> None:
+    [msg] = problems(entry(engine=engine, args=args))
+    assert f"args {named} set what the agent owns for {engine}" in msg
+    assert "models[0] (qwen)" in msg and "remove them" in msg
+
+
+@pytest.mark.parametrize("engine, args", [
+    ("llama.cpp", ["--ctx-size", "8192", "-ngl", "99", "-mg", "0", "--metrics"]),
+    ("llama.cpp", ["--threads", "4", "--parallel", "2", "--cont-batching", "-md", "d.gguf"]),
+    ("vllm", ["--tensor-parallel-size", "2", "-pp", "1", "--max-model-len", "4096"]),
+    ("vllm", ["--tokenizer", "Qwen/Qwen2.5-7B-Instruct", "--model-impl", "auto", "--", "-1"]),
+])
+def test_engine_args_the_agent_does_not_own_are_kept(engine: str, args: list[str]) -> None:
+    [spec] = catalog.validate({"models": [entry(engine=engine, args=args)]})
+    assert spec.args == tuple(args)
+
+
+# -- sources the agent writes ------------------------------------------------------------------
+
+@pytest.mark.parametrize("source, words", [
+    ("https://x/a%2F..%2F..%2F.ssh%2Fauthorized_keys", "holds a path separator"),
+    ("https://x/dir/%2Fetc%2Fcron.d%2Fx", "holds a path separator"),
+    ("https://x/%2E%2E", "has no file name"),
+    ("https://x/..%5C..%5Cx", "holds a path separator"),
+    ("https://x/m%00.gguf", "holds a control character"),
+    ("https://x/.locks", "starts with a dot"),
+    ("https://x/m.gguf.part", "partial downloads"),
+    ("https://x/" + "a" * 256, "longer than 255 bytes"),
+    ("hf://org/repo/../../x.gguf", "is . or .."),
+    ("hf://org/../x.gguf", "is . or .."),
+    ("hf://org/repo/a\\..\\b.gguf", "holds a path separator"),
+    ("hf://org//etc/passwd", "must be hf://org/repo/file"),
+])
+def test_a_source_whose_download_would_escape_the_weights_directory_is_refused(
+        source: str, words: str) -> None:
+    [msg] = problems(entry(source=source))
+    assert "models[0] (qwen): source" in msg and words in msg
+    assert "%2F" not in source or "once decoded" in msg
+
+
+@pytest.mark.parametrize("source", [
+    "https://x/models/qwen2.5-7b-q4_k_m.gguf?sig=abc", "https://x/m%20v2.gguf",
+    "hf://Qwen/Qwen2.5-7B-Instruct-GGUF/sub/qwen.gguf", "hf://org/repo",
+])
+def test_plain_download_names_are_accepted(source: str) -> None:
+    [spec] = catalog.validate({"models": [entry(source=source)]})
+    assert spec.source == source

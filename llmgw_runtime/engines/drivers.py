@@ -28,6 +28,7 @@ from .base import (
     rendezvous,
     resolve_source,
 )
+from .owned import refuse_owned_flags
 
 LAUNCHER_MODULE = "llmgw_runtime.engines.xllamacpp_launcher"
 
@@ -62,9 +63,12 @@ class LlamaCppDriver(EngineDriver):
 
     def launch(self, assignment: Mapping[str, Any], *, host: str, port: int,
                weights_dirs: Sequence[str | Path] = ()) -> LaunchSpec:
+        """llama-server (or the launcher) on ``host:port``; EngineError when the args set a
+        flag the agent owns (owned.py)."""
+        args = assignment_args(assignment)
+        refuse_owned_flags(self.name, args, assignment.get("replica_id"))
         path = resolve_source(str(assignment["source"]), weights_dirs)
         model = str(assignment["model"])
-        args = assignment_args(assignment)
         env = engine_env(assignment)
         wait: tuple[tuple[str, int], ...] = ()
         if assignment.get("role") == "head":
@@ -108,8 +112,9 @@ class VllmDriver(EngineDriver):
 
     def _argv(self, assignment: Mapping[str, Any],
               weights_dirs: Sequence[str | Path]) -> list[str]:
-        path = resolve_source(str(assignment["source"]), weights_dirs)
         args = assignment_args(assignment)
+        refuse_owned_flags(self.name, args, assignment.get("replica_id"))
+        path = resolve_source(str(assignment["source"]), weights_dirs)
         argv = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
                 "--served-model-name", str(assignment["model"])]
         tp, pp = profile_sizes(assignment)

@@ -21,24 +21,37 @@ SUPPORTED = ("--model", "--host", "--port", "--alias", "--ctx-size/-c", "--threa
              "--parallel/-np")
 
 
+class _Once(argparse.Action):
+    """Store a value, refusing a second one (argparse would keep the last): the agent gives
+    --model, --host, --port and --alias before the catalog's args, which may not repeat them."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        if self.dest in getattr(namespace, "_seen", set()):
+            parser.error(f"{option_string} is set by the agent and cannot be given again")
+        namespace._seen = getattr(namespace, "_seen", set()) | {self.dest}
+        setattr(namespace, self.dest, values)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: {message}\nsupported flags: {', '.join(SUPPORTED)}\n")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = _Parser(prog="xllamacpp_launcher",
+    parser = _Parser(prog="xllamacpp_launcher", allow_abbrev=False,
                      description="llama.cpp server on the CPU (xllamacpp)")
-    parser.add_argument("--model", "-m", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--alias", "-a", default=None)
+    parser.add_argument("--model", "-m", required=True, action=_Once)
+    parser.add_argument("--host", default="127.0.0.1", action=_Once)
+    parser.add_argument("--port", type=int, default=8080, action=_Once)
+    parser.add_argument("--alias", "-a", default=None, action=_Once)
     parser.add_argument("--ctx-size", "-c", type=int, default=2048)
     parser.add_argument("--threads", "-t", type=int, default=1)
     parser.add_argument("--parallel", "-np", type=int, default=1)
     args, unknown = parser.parse_known_args(list(argv))
     if unknown:
         parser.error(f"unsupported arguments: {' '.join(unknown)}")
+    vars(args).pop("_seen", None)
     return args
 
 

@@ -3,6 +3,7 @@
 from .model import (
     ACTIVE,
     CPU_CLASS,
+    MAX_REPLICAS_PER_SHARED_DEVICE,
     DeviceView,
     ModelView,
     NodeView,
@@ -15,5 +16,6 @@ from .model import (
 )
 from .plan import place
 
-__all__ = ["ACTIVE", "CPU_CLASS", "DeviceView", "ModelView", "NodeView", "PartStart", "PartView",
-           "Plan", "ReplicaView", "Snapshot", "Start", "place"]
+__all__ = ["ACTIVE", "CPU_CLASS", "MAX_REPLICAS_PER_SHARED_DEVICE", "DeviceView", "ModelView",
+           "NodeView", "PartStart", "PartView", "Plan", "ReplicaView", "Snapshot", "Start",
+           "place"]

@@ -4,6 +4,11 @@ that the best node for a replica is found without scanning the fleet.
 Nodes are bucketed per (device class, engine) by fabric, by "whole" (nothing runs on the node)
 and by how many devices of the class are free; each bucket is a list of node ranks (position
 in name order) kept sorted, so a walk in bucket order meets candidates best first.
+
+A device is taken whole, or shared (the CPU class always; another class when the replica
+declares memory_gb). A shared device takes at most MAX_REPLICAS_PER_SHARED_DEVICE replicas,
+and each with memory_gb only while that much is free on it, so what a fleet can hold is finite
+and a plan never holds more starts than the devices can take.
 """
 
 from __future__ import annotations
@@ -13,7 +18,14 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from ..catalog import ModelSpec
-from .model import ACTIVE, CPU_CLASS, NodeView, ReplicaView, Snapshot
+from .model import (
+    ACTIVE,
+    CPU_CLASS,
+    MAX_REPLICAS_PER_SHARED_DEVICE,
+    NodeView,
+    ReplicaView,
+    Snapshot,
+)
 
 Group = str | None          # a fabric name; None groups the nodes that have no fabric
 Bucket = tuple[bool, int]   # (whole, free devices of the class)
@@ -41,6 +53,11 @@ class _Dev:
     free_gb: float
     users: int = 0
     exclusive: bool = False
+
+    @property
+    def joinable(self) -> bool:
+        """Another shared replica may join it (memory aside)."""
+        return not self.exclusive and self.users < MAX_REPLICAS_PER_SHARED_DEVICE
 
 
 class NodeState:
@@ -121,8 +138,34 @@ class _Index:
         self.buckets: dict[Group, dict[Bucket, list[int]]] = {}
         self.pos: dict[int, tuple[Group, Bucket]] = {}
         self.members: set[int] = set()
-        self.shared: set[int] = set()   # members with a used device that can take more
+        # Members with a used device that another shared replica may join, by the most memory
+        # free on such a device: ``room`` by rank, and (-room, rank) kept sorted, so a request
+        # for memory_gb walks only the nodes that may have it.
+        self.room: dict[int, float] = {}
+        self.by_room: list[tuple[float, int]] = []
         self.maxf = 0
+
+    def set_room(self, rank: int, room: float | None) -> None:
+        """Record the node's room for shared replicas (None: it takes no more)."""
+        old = self.room.get(rank)
+        if old == room:
+            return
+        if old is not None:
+            del self.by_room[bisect_left(self.by_room, (-old, rank))]
+            del self.room[rank]
+        if room is not None:
+            insort(self.by_room, (-room, rank))
+            self.room[rank] = room
+
+    def sharing(self, need: float | None) -> list[int]:
+        """Ranks of the nodes whose used devices may take a shared replica of ``need`` GB
+        (None: any), most room first."""
+        out = []
+        for neg, rank in self.by_room:
+            if need is not None and -neg < need:
+                break
+            out.append(rank)
+        return out
 
     def put(self, rank: int, group: Group, bucket: Bucket | None) -> None:
         old = self.pos.get(rank)
@@ -213,10 +256,8 @@ class Capacity:
 
     def _reindex(self, ix: _Index, node: NodeState, klass: str) -> None:
         devs = node.by_class[klass]
-        if any(d.users and not d.exclusive for d in devs) and not node.blocked:
-            ix.shared.add(node.rank)
-        else:
-            ix.shared.discard(node.rank)
+        rooms = [d.free_gb for d in devs if d.users and d.joinable]
+        ix.set_room(node.rank, max(rooms) if rooms and not node.blocked else None)
         free = sum(1 for d in devs if d.users == 0)
         bucket = None if node.blocked or free == 0 else (node.whole, free)
         ix.put(node.rank, node.fabric, bucket)
@@ -269,7 +310,7 @@ class Capacity:
             ids = [d.id for d in devs if d.users == 0][: req.gpus]
             return _Fit(tuple(ids), req.gpus) if len(ids) == req.gpus else None
         need = req.memory_gb
-        ok = [d for d in devs if not d.exclusive and (need is None or d.free_gb >= need)]
+        ok = [d for d in devs if d.joinable and (need is None or d.free_gb >= need)]
         if len(ok) < req.gpus:
             return None
         ok.sort(key=lambda d: (d.users == 0, d.free_gb, d.id))
@@ -296,6 +337,10 @@ class Capacity:
         Order: (spread: fewest replicas of the model on the node), holds the weights,
         (spread: fewest in the fabric), not a whole node, takes fewest free devices, leaves
         fewest free devices, node name.
+
+        Each fabric's walk meets its best node with enough free devices; a shared request
+        also looks at the nodes whose used devices it may join (only those with the memory
+        it needs), so a pass costs what the candidates are, not the size of the fleet.
         """
         ix = self.index(req.klass, req.engine)
         if not ix.members:
@@ -315,35 +360,42 @@ class Capacity:
             if best is None or key < best[0]:
                 best = (key, choice)
 
-        def sweep(groups: list[Group], extra: list[int], holders_only: bool) -> None:
-            for group in groups:
-                found = self._walk(ix, group, req, exclude)
+        def sweep(walks: list[tuple[Group, frozenset[int] | None]], holders_only: bool) -> None:
+            for group, only in walks:
+                found = self._walk(ix, group, req, exclude, only)
                 if found is not None:
                     consider(*found)
-            shared = [r for r in ix.shared
+            shared = [r for r in (ix.sharing(req.memory_gb) if req.shareable else ())
                       if not holders_only or self.holds(self.node(r), req.source)]
-            for rank in (*extra, *shared):
-                if rank in ix.members and rank not in exclude:
+            for rank in shared:
+                if rank not in exclude:
                     node = self.node(rank)
                     consider(node, self._fit(node, req))
 
-        sweep([g for g in fabrics if g in ix.buckets], sorted(local), holders_only=True)
+        # Holders first: every node of a fabric whose filer holds the weights, and the nodes
+        # holding them on their own in the other fabrics.
+        holding = [g for g in fabrics if g in ix.buckets]
+        walks: list[tuple[Group, frozenset[int] | None]] = [(g, None) for g in holding]
+        if local:
+            walks += [(g, local) for g in ix.buckets if g not in holding]
+        sweep(walks, holders_only=True)
         if best is None:
-            sweep(list(ix.buckets), [], holders_only=False)
+            sweep([(g, None) for g in ix.buckets], holders_only=False)
         if best is None:
             for rank in sorted(exclude & ix.members):
                 node = self.node(rank)
                 consider(node, self._fit(node, req))
         return best[1] if best is not None else None
 
-    def _walk(self, ix: _Index, group: Group, req: Request,
-              exclude: set[int]) -> tuple[NodeState, _Fit] | None:
-        """The first node of a fabric, in bucket order, where the request fits."""
+    def _walk(self, ix: _Index, group: Group, req: Request, exclude: set[int],
+              only: frozenset[int] | None = None) -> tuple[NodeState, _Fit] | None:
+        """The first node of a fabric (among ``only``, when given), in bucket order, where
+        the request fits."""
         buckets = ix.buckets.get(group, {})
         for whole in (False, True):
             for free in range(req.gpus, ix.maxf + 1):
                 for rank in buckets.get((whole, free), ()):
-                    if rank in exclude:
+                    if rank in exclude or (only is not None and rank not in only):
                         continue
                     node = self.node(rank)
                     fit = self._fit(node, req)

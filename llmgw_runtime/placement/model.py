@@ -12,6 +12,12 @@ from ..catalog import ModelSpec
 
 ACTIVE = ("pending", "fetching", "starting", "ready")
 CPU_CLASS = "cpu"
+# A shared device (the CPU, or a GPU whose replicas declare memory_gb) runs at most this many
+# replicas, whatever their memory: each is an engine process with its own threads, and a CPU
+# replica that declares no memory_gb is bounded by this alone. A replica with memory_gb also
+# needs that much free on the device (reported free memory, less what replicas not yet ready
+# there will take), on the CPU as on a GPU.
+MAX_REPLICAS_PER_SHARED_DEVICE = 16
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,11 @@
 Pure: no I/O and no clock (``snap.now`` is the time). Capacity bookkeeping and the node
 ranking live in capacity.py; this module decides how many replicas each model needs, which
 to stop, and words the reasons an operator reads.
+
+Bounded whatever the snapshot says: a model gets at most MAX_REPLICAS replicas (a store row
+from before that bound, or a larger ``wanted``, is cut to it and says so), its starts stop at
+the first replica that does not fit (capacity only shrinks within a plan), and the fleet can
+hold only so many (capacity.py), so a pass plans at most what the fleet can hold.
 """
 
 from __future__ import annotations
@@ -10,8 +15,19 @@ from __future__ import annotations
 import math
 
 from ..catalog import ModelSpec, is_mig_class
+from ..catalog_bounds import MAX_REPLICAS
 from .capacity import Capacity, Choice, NodeState, Request, replica_nodes, silence
-from .model import ACTIVE, ModelView, NodeView, PartStart, Plan, ReplicaView, Snapshot, Start
+from .model import (
+    ACTIVE,
+    MAX_REPLICAS_PER_SHARED_DEVICE,
+    ModelView,
+    NodeView,
+    PartStart,
+    Plan,
+    ReplicaView,
+    Snapshot,
+    Start,
+)
 
 
 def place(snap: Snapshot) -> Plan:
@@ -37,7 +53,7 @@ def place(snap: Snapshot) -> Plan:
             continue
         if cap is None:
             cap = Capacity(snap, {m.spec.name: m.spec for m in snap.models})
-        _place_model(cap, spec, reps, wanted - len(reps), views, plan, failed)
+        _place_model(cap, spec, reps, wanted, views, plan, failed)
     return plan
 
 
@@ -112,34 +128,49 @@ def _refused(spec: ModelSpec) -> str:
     return ""
 
 
-def _place_model(cap: Capacity, spec: ModelSpec, reps: list[ReplicaView], missing: int,
+def _place_model(cap: Capacity, spec: ModelSpec, reps: list[ReplicaView], wanted: int,
                  views: dict[str, NodeView], plan: Plan,
                  failed: dict[tuple[str, str, int, int, float | None], str]) -> None:
+    """Plan the model's missing replicas (up to MAX_REPLICAS in all) until one does not fit;
+    the model's reason then says why, and how many of those it wants are placed."""
     prof = spec.profile
     on_node: dict[str, int] = {}
     in_fabric: dict[str, int] = {}
     for rep in reps:
         _count(rep.node, [p.node for p in rep.parts], views, on_node, in_fabric)
-    for _ in range(missing):
+    placed = len(reps)
+    for _ in range(min(wanted, MAX_REPLICAS) - placed):
         req = Request(klass=prof.klass, engine=spec.engine, gpus=prof.gpus, nodes=prof.nodes,
                       memory_gb=prof.memory_gb, source=spec.source,
                       spread=spec.strategy == "spread",
                       on_node=tuple(sorted(on_node.items())),
                       in_fabric=tuple(sorted(in_fabric.items())))
-        if req.signature in failed:     # capacity only shrinks within a plan
-            plan.unplaceable[spec.name] = failed[req.signature]
-            return
-        choice = cap.best_multi(req) if prof.nodes > 1 else cap.best_single(req)
+        reason = failed.get(req.signature)    # capacity only shrinks within a plan
+        choice = None
+        if reason is None:
+            choice = cap.best_multi(req) if prof.nodes > 1 else cap.best_single(req)
+            if choice is None:
+                reason = failed[req.signature] = _reason(cap, req)
         if choice is None:
-            failed[req.signature] = plan.unplaceable[spec.name] = _reason(cap, req)
+            plan.unplaceable[spec.name] = _placed_words(str(reason), placed, wanted)
             return
         cap.take(choice, spec)
+        placed += 1
         plan.starts.append(Start(
             model=spec.name, node=choice.node, devices=choice.devices,
             parts=tuple(PartStart(rank=i, node=n, devices=d)
                         for i, (n, d) in enumerate(choice.parts, start=1)),
             why=_why(choice, req)))
         _count(choice.node, [n for n, _ in choice.parts], views, on_node, in_fabric)
+    if wanted > MAX_REPLICAS:
+        plan.unplaceable[spec.name] = (
+            f"wants {wanted} replicas, over the maximum of {MAX_REPLICAS} (MAX_REPLICAS); "
+            f"{placed} of them placed; set replicas to at most {MAX_REPLICAS}")
+
+
+def _placed_words(reason: str, placed: int, wanted: int) -> str:
+    """The reason, and how many of the wanted replicas are placed when some are."""
+    return f"{reason}; {placed} of {wanted} replicas placed" if placed else reason
 
 
 def _count(head: str, parts: list[str], views: dict[str, NodeView],
@@ -204,18 +235,25 @@ def _reason(cap: Capacity, req: Request) -> str:
         return _multi_reason(cap, req, with_engine)
     usable = [n for n in with_engine if not n.blocked]
     need = req.memory_gb
-    if need is not None and gpus == 1:
-        free = [d.free_gb for n in usable for d in n.by_class.get(klass, ()) if not d.exclusive]
-        if not free:
+    if req.shareable and gpus == 1:
+        shared = [d for n in usable for d in n.by_class.get(klass, ()) if not d.exclusive]
+        joinable = [d for d in shared if d.joinable]
+        if shared and not joinable:
+            return (f"every {klass} device already runs {MAX_REPLICAS_PER_SHARED_DEVICE} "
+                    "replicas, the most one shared device takes "
+                    "(MAX_REPLICAS_PER_SHARED_DEVICE)")
+        if need is not None and not joinable:
             return f"no {klass} device has {need:g} GB free (every healthy one is taken)"
-        return f"no {klass} device has {need:g} GB free (largest free: {max(free):.1f} GB)"
+        if need is not None:
+            largest = max(d.free_gb for d in joinable)
+            return f"no {klass} device has {need:g} GB free (largest free: {largest:.1f} GB)"
 
     def room(node: NodeState) -> int:
         """Devices of the class on the node that this replica could take."""
         devs = node.by_class.get(klass, ())
         if not req.shareable:
             return sum(d.users == 0 for d in devs)
-        return sum(not d.exclusive and (need is None or d.free_gb >= need) for d in devs)
+        return sum(d.joinable and (need is None or d.free_gb >= need) for d in devs)
 
     most, _, where = max(((room(n), -n.rank, n.name) for n in usable), default=(0, 0, ""))
     if gpus == 1:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .locate import complete, hf_cache_folder
+from .safepath import outside
 from .sources import Source
 from .transfer import Fetch, FetchCancelled, FetchError
 
@@ -112,12 +113,19 @@ def _dry_run_total(src: Source, kwargs: dict[str, Any]) -> int | None:
 
 def download_hf(fetch: Fetch, src: Source, dest: Path, *, token: str | None = None,
                 endpoint: str | None = None) -> Path:
-    """Download an ``hf://`` source into the HF cache under ``dest``; the snapshot path."""
+    """Download an ``hf://`` source into the HF cache under ``dest``; the snapshot path.
+
+    FetchError when the repo's cache folder, or what the download produced, resolves outside
+    ``dest`` (a link leading elsewhere)."""
     from huggingface_hub import hf_hub_download, snapshot_download
 
     endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
     dest.mkdir(parents=True, exist_ok=True)
-    blobs = dest / hf_cache_folder(src.org, src.repo) / "blobs"
+    folder = dest / hf_cache_folder(src.org, src.repo)
+    problem = outside(dest, folder, f"the cache of {src.repo_id}")
+    if problem is not None:
+        raise FetchError(f"download of {src.display}: {problem}")
+    blobs = folder / "blobs"
     before = set(_blob_sizes(blobs))
     fetch.poll_bytes_with(
         lambda: sum(n for name, n in _blob_sizes(blobs).items() if name not in before))
@@ -139,6 +147,9 @@ def download_hf(fetch: Fetch, src: Source, dest: Path, *, token: str | None = No
         if token:
             message = message.replace(token, "***")
         raise FetchError(message) from None
+    problem = outside(dest, Path(path), f"the weights of {src.display}")
+    if problem is not None:
+        raise FetchError(f"download of {src.display}: {problem}")
     reason = complete(path)
     if reason is not None:
         raise FetchError(f"download of {src.display} finished but is not usable: {reason}")

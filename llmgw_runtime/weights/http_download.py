@@ -21,6 +21,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.util import Retry, Timeout
 
 from .locate import complete
+from .safepath import name_problem, outside
 from .sources import Source
 from .transfer import Fetch, FetchError
 
@@ -181,10 +182,24 @@ def _verify(src: Source, part: Path, digest: _Hash, sha256: str | None,
 def download_http(fetch: Fetch, src: Source, dest: Path, *, pool: urllib3.PoolManager,
                   sha256: str | None = None, size_bytes: int | None = None,
                   attempts: int = 3, timeout_s: float = 60.0) -> Path:
-    """Download ``src`` into ``dest``; the final path once complete and verified."""
+    """Download ``src`` into ``dest``; the final path once complete and verified.
+
+    FetchError, before anything is written, when the file name is not one plain path
+    component or when the partial file or the lock would resolve (through a link) outside
+    ``dest``; the final name is given by a rename, which replaces a link without following
+    it."""
+    problem = name_problem(src.name)
+    if problem is not None:
+        raise FetchError(f"download of {src.display} refused: its file name {src.name[:100]!r} "
+                         f"{problem}; end the URL with a plain name like model.gguf")
     dest.mkdir(parents=True, exist_ok=True)
     final, part = dest / src.name, dest / f"{src.name}.part"
-    with _exclusive(dest / ".locks" / f"{src.name}.lock", fetch):
+    lock = dest / ".locks" / f"{src.name}.lock"
+    for what, path in (("the partial download", part), ("the download lock", lock)):
+        problem = outside(dest, path, what)
+        if problem is not None:
+            raise FetchError(f"download of {src.display}: {problem}")
+    with _exclusive(lock, fetch):
         if complete(final) is None:  # another fetch finished it while this one waited
             fetch.set_total(final.stat().st_size)
             fetch.report_bytes(final.stat().st_size)

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import EngineError
+from .safepath import PARTIAL_SUFFIXES  # a partial download's name: never weights
 from .sources import Source, parse_source
 
-PARTIAL_SUFFIXES = (".part", ".incomplete", ".tmp")
 WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth")
 INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json")
 

@@ -193,3 +193,55 @@ def test_a_part_whose_peer_has_no_address_names_the_node() -> None:
     a["peers"][1]["address"] = None
     with pytest.raises(EngineError, match="'gpu-02'.*LLMGW_ADDRESS"):
         LlamaCppDriver("/bin/sh").launch(a, host="h", port=1)
+
+
+# -- flags the agent owns ------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--ho", "0.0.0.0"], ["--port", "80"],
+    ["-m", "/etc/shadow"], ["--alias", "other"], ["--api-key", "k"], ["--log-file", "/x"],
+])
+def test_llamacpp_refuses_args_that_set_what_the_agent_owns(args: list[str]) -> None:
+    with pytest.raises(EngineError) as info:
+        LlamaCppDriver().launch(assignment(args=["--ctx-size", "512", *args]),
+                                host="127.0.0.1", port=4000)
+    flag = args[0].split("=")[0]
+    assert info.value.message == (
+        f"replica r-1: args {flag} set what the agent owns for llama.cpp (where the engine "
+        "listens, which weights it loads and under which name, keys and TLS, files on the "
+        "node); remove them: llmgw sets these itself")
+
+
+@pytest.mark.parametrize("args", [["--host", "0.0.0.0"], ["--served_model_name", "x"],
+                                  ["--download-dir=/etc"], ["--config", "c.yaml"]])
+def test_vllm_refuses_args_that_set_what_the_agent_owns(args: list[str]) -> None:
+    driver = VllmDriver("/opt/vllm/bin/python")
+    a = assignment(engine="vllm", device_kind="gpu", device_uuids=["GPU-a"], args=args)
+    with pytest.raises(EngineError, match=f"args {args[0].split('=')[0]} set what the agent "
+                                          "owns for vllm"):
+        driver.launch(a, host="127.0.0.1", port=4002)
+    with pytest.raises(EngineError, match="set what the agent owns"):
+        driver.launch_worker({**a, "role": "worker", "rank": 1, "nodes": 2,
+                              "head_address": "10.0.0.1", "rendezvous_port": 29500})
+
+
+def test_the_agent_and_the_catalog_word_an_owned_flag_alike() -> None:
+    from llmgw_runtime import catalog
+    from llmgw_runtime.errors import CatalogError
+
+    with pytest.raises(CatalogError) as from_catalog:
+        catalog.validate({"models": [{"name": "qwen", "source": "/m/q.gguf",
+                                      "engine": "llama.cpp", "profile": {"class": "cpu"},
+                                      "args": ["--host", "0.0.0.0"]}]})
+    with pytest.raises(EngineError) as from_agent:
+        LlamaCppDriver().launch(assignment(args=["--host", "0.0.0.0"]), host="h", port=1)
+    [detail] = from_catalog.value.details
+    assert detail.split(": ", 1)[1] == from_agent.value.message.split(": ", 1)[1]
+
+
+def test_vllm_keeps_tensor_parallel_args_it_lets_the_catalog_set() -> None:
+    a = assignment(engine="vllm", device_kind="gpu", device_uuids=["GPU-a"],
+                   args=["--tensor-parallel-size", "1", "--tokenizer", "org/repo"])
+    spec = VllmDriver("/opt/vllm/bin/python").launch(a, host="127.0.0.1", port=4002)
+    assert spec.argv[-4:] == ["--tensor-parallel-size", "1", "--tokenizer", "org/repo"]
+    assert spec.argv.count("--tensor-parallel-size") == 1

@@ -2,7 +2,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from llmgw_runtime.engines import LAUNCHER_MODULE
+from llmgw_runtime.engines.xllamacpp_launcher import parse_args
 
 
 def run_launcher(*args: str) -> subprocess.CompletedProcess[str]:
@@ -35,3 +38,23 @@ def test_corrupt_model_file_exits_1_with_the_error(tmp_path: Path) -> None:
     proc = run_launcher("--model", str(bad), "--port", "1")
     assert proc.returncode == 1
     assert f"engine failed to start with model {bad}" in proc.stderr
+
+
+@pytest.mark.parametrize("extra", [["--host", "0.0.0.0"], ["--ho", "0.0.0.0"],
+                                   ["-m", "/etc/passwd"], ["--alias=other"], ["--port", "80"]])
+def test_the_launcher_never_lets_later_args_override_what_the_agent_set(
+        extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model", "/m.gguf", "--host", "127.0.0.1", "--port", "1", "--alias", "q",
+                    *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot be given again" in err or "unsupported arguments: --ho" in err
+
+
+def test_the_launcher_takes_what_the_agent_gives_once() -> None:
+    args = parse_args(["--model", "/m.gguf", "--host", "127.0.0.1", "--port", "1",
+                       "--alias", "q", "-c", "512"])
+    assert (args.model, args.host, args.port, args.alias, args.ctx_size) == (
+        "/m.gguf", "127.0.0.1", 1, "q", 512)
+    assert not hasattr(args, "_seen")

@@ -114,3 +114,24 @@ def small_fleet(seed: int = 3, size: int = 40) -> Snapshot:
             kw.update(gpus=rnd.choice([1, 1, 2, 4]))
         models.append(want(rnd.randint(1, 4), **kw))
     return snap(models, nodes)
+
+
+def cpu(total_gb: float = 16, used_gb: float = 0) -> DeviceView:
+    """The CPU as one shared device (id 0), as the agent's CpuSource reports it."""
+    return DeviceView(id=0, klass="cpu", memory_total_mb=int(total_gb * 1024),
+                      memory_used_mb=int(used_gb * 1024))
+
+
+def large_fleet(size: int = 2000, seed: int = 5) -> list[NodeView]:
+    """A seeded synthetic fleet of ``size`` nodes: a quarter CPU-only, the rest 8 x a100-80g
+    (a few unhealthy), in three fabrics and none, some holding the weights."""
+    rnd = random.Random(seed)
+    nodes = []
+    for i in range(size):
+        if i % 4 == 0:
+            devices: tuple[DeviceView, ...] = (cpu(64, used_gb=rnd.choice([2, 8, 30])),)
+        else:
+            devices = tuple(gpu(c, healthy=rnd.random() > 0.02) for c in range(8))
+        nodes.append(node(f"n{i:04d}", *devices, fabric=rnd.choice(["ib-a", "ib-b", "ib-c", None]),
+                          weights=rnd.choice([None, frozenset({SRC})])))
+    return nodes

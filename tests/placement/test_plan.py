@@ -18,13 +18,15 @@ def test_places_a_replica_on_a_device_of_its_class() -> None:
 def test_whole_gpu_without_memory_is_exclusive() -> None:
     plan = place(snap([want(3)], [node("n1", gpu(0), gpu(1))]))
     assert sorted(s.devices for s in plan.starts) == [(0,), (1,)]
-    assert plan.unplaceable["m"] == "no node has 1 free a100-80g: all 2 healthy ones are taken"
+    assert plan.unplaceable["m"] == ("no node has 1 free a100-80g: all 2 healthy ones are taken; "
+                                     "2 of 3 replicas placed")
 
 
 def test_memory_decides_how_many_share_a_device() -> None:
     plan = place(snap([want(3, memory=30)], [node("n1", gpu(0, used_gb=5))]))
     assert len(plan.starts) == 2
-    assert "no a100-80g device has 30 GB free (largest free: 15.0 GB)" == plan.unplaceable["m"]
+    assert plan.unplaceable["m"] == ("no a100-80g device has 30 GB free (largest free: 15.0 GB); "
+                                     "2 of 3 replicas placed")
 
 
 def test_best_fit_prefers_the_fuller_device() -> None:
@@ -50,7 +52,8 @@ def test_a_starting_replica_memory_is_subtracted() -> None:
     starting = (rep("r1", "m", "n1", (0,), state="starting"),)
     plan = place(snap([want(2, memory=50)], [node("n1", gpu(0, used_gb=5))], starting))
     assert plan.starts == []
-    assert plan.unplaceable["m"] == "no a100-80g device has 50 GB free (largest free: 25.0 GB)"
+    assert plan.unplaceable["m"] == ("no a100-80g device has 50 GB free (largest free: 25.0 GB); "
+                                     "1 of 2 replicas placed")
 
 
 def test_an_exclusive_replica_never_lands_on_a_shared_device() -> None:

@@ -1,0 +1,171 @@
+"""The bounds of a catalog: how large, how deep and how many, and error messages of bounded size.
+
+Every value a catalog can hold has a documented maximum here, so a catalog can never make the
+control leader plan, store or print without limit. ``load_yaml`` reads the text with these
+bounds (size, nesting, alias expansion) before anything is built from it; the catalog's
+validation (catalog.py) checks the counts and lengths of each field against the rest.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+import yaml
+
+from .errors import CatalogError
+
+# -- the document ----------------------------------------------------------------------------
+MAX_CATALOG_BYTES = 4 * 1024 * 1024     # the catalog's text, UTF-8
+MAX_DEPTH = 16                          # levels of nesting, values included (a catalog needs 5)
+# Nodes plus scalar characters once every alias is expanded: a document without aliases stays
+# under its own size, so this refuses only aliases that multiply ("billion laughs").
+MAX_EXPANDED = 2 * MAX_CATALOG_BYTES
+MAX_MODELS = 2000                       # entries in models
+
+# -- one model -------------------------------------------------------------------------------
+MAX_NAME_CHARS = 200
+MAX_SOURCE_CHARS = 2048
+MAX_CLASS_CHARS = 64
+MAX_REPLICAS = 256
+MAX_GPUS = 16                           # devices per node
+MAX_NODES = 64                          # nodes of one replica
+MAX_TP = MAX_PP = MAX_GPUS * MAX_NODES  # tp x pp must equal gpus x nodes anyway
+MAX_MEMORY_GB = 16384.0
+MAX_IDLE_STOP_AFTER_S = 365 * 86400.0
+MAX_SIZE_BYTES = 1 << 50                # 1 PiB
+MAX_ARGS = 64
+MAX_ARG_CHARS = 1024
+
+# -- error messages --------------------------------------------------------------------------
+MAX_PROBLEMS_LISTED = 50                # then "... and K more problems"
+MAX_PROBLEM_CHARS = 400                 # one problem's text, cut with "..."
+
+_repr = reprlib.Repr()
+_repr.maxlevel = 2
+_repr.maxstring = _repr.maxother = 60
+_repr.maxlong = 40
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
+
+
+def brief(value: Any) -> str:
+    """``repr(value)`` cut short (a few items, a few dozen characters, two levels deep): safe
+    to put in an error message whatever the catalog holds."""
+    return _repr.repr(value)
+
+
+def brief_text(value: Any) -> str:
+    """A short printable string as it is (a field name, a model name), anything else as
+    :func:`brief` writes it."""
+    if isinstance(value, str) and len(value) <= 80 and value.isprintable():
+        return value
+    return brief(value)
+
+
+def cap_problems(problems: list[str]) -> list[str]:
+    """At most MAX_PROBLEMS_LISTED problems, each at most MAX_PROBLEM_CHARS long, then a line
+    saying how many more there are."""
+    out = [p if len(p) <= MAX_PROBLEM_CHARS else p[: MAX_PROBLEM_CHARS - 3] + "..."
+           for p in problems[:MAX_PROBLEMS_LISTED]]
+    more = len(problems) - len(out)
+    if more > 0:
+        out.append(f"... and {more} more problem{'s' if more > 1 else ''} "
+                   f"(only the first {MAX_PROBLEMS_LISTED} are listed)")
+    return out
+
+
+def _refuse(message: str, fix: str) -> CatalogError:
+    return CatalogError(f"{message}; nothing was applied", details=[fix])
+
+
+def check_size(text: str) -> None:
+    """CatalogError when the text is over MAX_CATALOG_BYTES."""
+    if len(text) <= MAX_CATALOG_BYTES // 4:     # four bytes at most per character
+        return
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_CATALOG_BYTES:
+        raise _refuse(f"the catalog is {size} bytes, over the maximum of {MAX_CATALOG_BYTES} "
+                      "bytes (MAX_CATALOG_BYTES)",
+                      f"a catalog of {MAX_MODELS} models fits well under it; remove what "
+                      "is not a model entry (long comments, repeated args)")
+
+
+def _too_deep(where: str) -> CatalogError:
+    return _refuse(f"the catalog nests deeper than {MAX_DEPTH} levels (MAX_DEPTH){where}",
+                   "a catalog needs five: the document, models, an entry, its profile or "
+                   "args, a value; write the entries out flat")
+
+
+def _line(event: Any) -> str:
+    mark = getattr(event, "start_mark", None)
+    return f" (line {mark.line + 1})" if mark is not None else ""
+
+
+def check_structure(text: str, loader: type) -> None:
+    """Walk the YAML events (no recursion, nothing built) and refuse, with CatalogError, a
+    document nested deeper than MAX_DEPTH or whose aliases expand past MAX_EXPANDED, counting
+    what each alias stands for in full. An alias inside the node it names is refused too."""
+    stack: list[list[Any]] = []          # open collections: [size, height, anchor]
+    anchors: dict[str, tuple[int, int]] = {}
+    total = 0
+
+    def add(size: int, height: int, anchor: str | None, event: Any) -> None:
+        nonlocal total
+        if anchor is not None:
+            anchors[anchor] = (size, height)
+        if len(stack) + height > MAX_DEPTH:
+            raise _too_deep(_line(event))
+        if stack:
+            stack[-1][0] += size
+            stack[-1][1] = max(stack[-1][1], height)
+            grown = stack[0][0]
+        else:
+            total += size
+            grown = total
+        if grown > MAX_EXPANDED:
+            raise _refuse(f"the catalog's YAML aliases expand to more than {MAX_EXPANDED} "
+                          f"nodes and characters (MAX_EXPANDED){_line(event)}",
+                          "aliases that repeat other aliases multiply; write the entries "
+                          "out, or use an anchor for a small shared part such as a profile")
+
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.ScalarEvent):
+            add(1 + len(event.value), 1, event.anchor, event)
+        elif isinstance(event, yaml.AliasEvent):
+            if any(frame[2] == event.anchor for frame in stack):
+                raise _refuse(f"the catalog's alias *{brief(event.anchor)} refers to the node "
+                              f"that holds it{_line(event)}",
+                              "a catalog cannot contain itself; remove the alias")
+            size, height = anchors.get(event.anchor or "", (1, 1))
+            add(size, height, None, event)
+        elif isinstance(event, yaml.CollectionStartEvent):
+            if len(stack) >= MAX_DEPTH:
+                raise _too_deep(_line(event))
+            stack.append([1, 0, event.anchor])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            size, height, anchor = stack.pop()
+            add(size, height + 1, anchor, event)
+
+
+_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(text: str) -> Any:
+    """The catalog document, read within the bounds above; CatalogError naming the line when
+    the text is not YAML, or the bound it passes."""
+    check_size(text)
+    try:
+        check_structure(text, _LOADER)
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        if "nesting depth" in str(problem):     # libyaml's own limit, met while reading ahead
+            raise _too_deep(where) from None
+        raise CatalogError(f"the catalog is not valid YAML{where}: {str(problem)[:200]}; "
+                           "nothing was applied") from None
+    except ValueError as exc:   # e.g. an integer longer than Python converts
+        raise CatalogError(f"the catalog holds a value that cannot be read: "
+                           f"{str(exc)[:200]}; nothing was applied") from None
