@@ -10,6 +10,9 @@ from types import FrameType
 from typing import Any
 
 from .. import __version__
+from ..api.agent import Report
+from ..api.fields import clean
+from ..api.parse import parse
 from ..devices import DeviceSource, Discovery, source_from_spec
 from ..engines import drivers_from_config
 from ..errors import LlmgwError
@@ -32,6 +35,7 @@ class Agent:
         self.engines = list(engines)
         self.interval_s = config.report_interval_s
         self._last_problem: str | None = None
+        self._last_answer_problem: str | None = None
         # The catalog's sources, sent by the control service when they change; looked for
         # in the weights directories (only when the agent has some).
         self.sources: list[str] = []
@@ -51,7 +55,12 @@ class Agent:
         return cls(config, source=source_from_spec(config.devices), supervisor=supervisor,
                    client=client, engines=sorted(drivers))
 
-    def build_report(self) -> dict[str, Any]:
+    def build_report(self) -> Report:
+        """This node's report, checked by the same parser as the control service uses
+        (text from engines and drivers made printable and bounded first)."""
+        return parse(Report, clean(self.report_dict()), what="report this agent built")
+
+    def report_dict(self) -> dict[str, Any]:
         try:
             discovery = self.source.discover()
         except LlmgwError as exc:
@@ -82,6 +91,13 @@ class Agent:
             self.scanner.invalidate()       # a download just completed: look again now
         return {"weights": self.scanner.scan(self.sources), "sources_hash": self.sources_hash}
 
+    def _note_answer_problems(self, problems: list[str]) -> None:
+        text = "; ".join(problems) or None
+        if text != self._last_answer_problem:
+            if text:
+                log.warning("the control service did not use all of this report: %s", text)
+            self._last_answer_problem = text
+
     def _note_problems(self, problems: list[str]) -> None:
         text = "; ".join(problems) or None
         if text != self._last_problem:
@@ -96,17 +112,13 @@ class Agent:
         traceback when unexpected) and returns the seconds to wait before the next one."""
         try:
             answer = self.client.report(self.build_report())
-            assignments = answer.get("assignments", [])
-            if not isinstance(assignments, list):
-                raise LlmgwError("report answer: 'assignments' is not a list")
-            self.supervisor.apply(assignments)
-            sources = answer.get("sources")
-            if isinstance(sources, list) and all(isinstance(x, str) for x in sources):
-                self.sources = sources
-                self.sources_hash = str(answer.get("sources_hash") or "")
-            interval = answer.get("report_interval_s")
-            if isinstance(interval, (int, float)) and interval > 0:
-                self.interval_s = float(interval)
+            self.supervisor.apply([a.model_dump(mode="json", exclude_unset=True)
+                                   for a in answer.assignments])
+            if answer.sources is not None:
+                self.sources = list(answer.sources)
+                self.sources_hash = answer.sources_hash or ""
+            self.interval_s = answer.report_interval_s
+            self._note_answer_problems(answer.problems)
         except LlmgwError as exc:
             log.warning("agent cycle failed: %s", exc)
         except Exception:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import click
+import pydantic
 
 from .. import tls
+from ..api.parse import problems
+from ..api.transport import RemoteError, Transport, TransportError
 from ..control.config import default_state_dir
 
 
@@ -39,44 +40,52 @@ def admin_token(explicit: str | None) -> str:
 
 
 class Client:
+    """``llmgw ctl``'s client of the admin API, over the one transport; answers named
+    with ``answer`` are checked against their message before anything is printed."""
+
     def __init__(self, url: str, token: str, timeout: float = 30.0,
                  ca_file: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token
-        self.timeout = timeout
-        self.context = tls.client_context(ca_file)
+        self.transport = Transport(self.url, token, timeout_s=timeout,
+                                   ssl_context=tls.client_context(ca_file))
 
     def request(self, method: str, path: str, body: bytes | None = None,
-                content_type: str = "application/json") -> Any:
-        req = urllib.request.Request(self.url + path, data=body, method=method)
-        req.add_header("Authorization", f"Bearer {self.token}")
-        if body is not None:
-            req.add_header("Content-Type", content_type)
+                content_type: str = "application/json",
+                answer: type[pydantic.BaseModel] | None = None) -> Any:
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout,
-                                        context=self.context) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
+            _, doc = self.transport.request(method, path, data=body,
+                                            content_type=content_type)
+        except RemoteError as exc:
+            raise ApiError(exc.status, exc.reason, exc.message, exc.details) from None
+        except TransportError as exc:
+            if "unreachable" in exc.message:
+                raise click.ClickException(
+                    f"cannot reach the control service at {self.url}: {exc.message}; is "
+                    "`llmgw server` (or `llmgw up`) running? Set --url or LLMGW_CONTROL_URL"
+                ) from None
+            raise click.ClickException(str(exc)) from None
+        if answer is not None:
             try:
-                err = json.loads(raw)["error"]
-                raise ApiError(exc.code, err.get("reason", ""), err.get("message", ""),
-                               err.get("details") or []) from None
-            except (ValueError, KeyError, TypeError):
-                raise ApiError(exc.code, "http_error", f"HTTP {exc.code} from {self.url}",
-                               []) from None
-        except urllib.error.URLError as exc:
-            raise click.ClickException(
-                f"cannot reach the control service at {self.url}: {exc.reason}; is "
-                "`llmgw server` (or `llmgw up`) running? Set --url or LLMGW_CONTROL_URL"
-            ) from None
-        return json.loads(raw) if raw else None
+                answer.model_validate(doc)
+            except pydantic.ValidationError as exc:
+                raise click.ClickException(
+                    f"{method} {path}: the control service's answer is malformed (is it "
+                    "the same llmgw version?)\n" + "\n".join(f"  - {p}" for p in
+                                                             problems(exc))) from None
+        return doc
 
-    def get(self, path: str) -> Any:
-        return self.request("GET", path)
+    def get(self, path: str, answer: type[pydantic.BaseModel] | None = None) -> Any:
+        return self.request("GET", path, answer=answer)
 
-    def post(self, path: str, payload: Any) -> Any:
-        return self.request("POST", path, json.dumps(payload).encode())
+    def post(self, path: str, payload: Any,
+             answer: type[pydantic.BaseModel] | None = None) -> Any:
+        if isinstance(payload, pydantic.BaseModel):
+            payload = payload.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return self.request("POST", path, json.dumps(payload).encode(), answer=answer)
+
+    def delete(self, path: str, answer: type[pydantic.BaseModel] | None = None) -> Any:
+        return self.request("DELETE", path, answer=answer)
 
 
 def state_file(name: str) -> Path:

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import socket
 import time
 from typing import Any
 
-from flask import Blueprint, current_app, g, jsonify
+from flask import Blueprint, current_app, g, jsonify, request
 
-from ..errors import ForbiddenError, ValidationError
+from ..api.agent import JoinAnswer, JoinRequest, Report
+from ..api.parse import parse_json
+from ..errors import ConflictError, ForbiddenError
 from ..security import hash_token, new_token
 from ..store import repo
+from . import identity
 from .assignments import assignments_for, part_id
-from .web import clock, json_body, require, store
+from .web import clock, require, store
 
 bp = Blueprint("agent", __name__, url_prefix="/api/v1/agent")
 
-REPORTED_STATES = ("fetching", "starting", "ready", "failed", "stopped")
 SOURCES_TTL_S = 5.0
 _sources_cache: dict[str, Any] = {"at": -1e9, "sources": [], "hash": ""}
 
@@ -36,37 +40,49 @@ def catalog_sources(conn: Any) -> tuple[list[str], str]:
 @bp.post("/join")
 @require("join")
 def join() -> Any:
-    body = json_body(required=("node",))
-    node = body["node"]
-    if not isinstance(node, str) or not node.strip() or len(node) > 200:
-        raise ValidationError("node must be a non-empty name of at most 200 characters")
+    """A node gets its credential. A name that already has one is refused (409) unless the
+    request carries that credential: the join token sits on every node, and must not let
+    one node take over another's identity."""
+    body = parse_json(JoinRequest, request.get_data(cache=True), what="join request")
+    node = body.node
     credential = new_token("node")
     with store().begin() as conn:
         now = clock()
+        row = repo.get_node(conn, node)
+        if row is not None and row.credential_hash is not None and (
+                body.credential is None
+                or not hmac.compare_digest(hash_token(body.credential), row.credential_hash)):
+            raise ConflictError(
+                f"node {node!r} has joined already and this request does not carry its "
+                "credential. If the host was reinstalled, an admin resets it with "
+                f"`llmgw ctl nodes reset {node}`; if this is another host, give it "
+                "another name (LLMGW_NODE_NAME)")
         repo.set_node_credential(conn, node, hash_token(credential), now)
-        repo.add_event(conn, now, "join", node, "node joined (new credential issued)")
-    return jsonify({"node": node, "credential": credential})
+        repo.add_event(conn, now, "join", node,
+                       "node joined (new credential issued)" if row is None or
+                       row.credential_hash is None else "node renewed its credential")
+    return jsonify(JoinAnswer(node=node, credential=credential).to_json())
 
 
-def _check_report(body: dict[str, Any]) -> list[str]:
-    problems = []
-    for key, kind in (("devices", list), ("replicas", list), ("engines", list),
-                      ("cards", list), ("device_problems", list), ("weights", dict)):
-        if not isinstance(body.get(key, kind()), kind):
-            problems.append(f"{key} must be a {'list' if kind is list else 'mapping'}")
-    for i, dev in enumerate(body.get("devices") or []):
-        if not isinstance(dev, dict) or not isinstance(dev.get("id"), int) \
-                or not isinstance(dev.get("class"), str):
-            problems.append(f"devices[{i}] needs an integer id and a class")
-    for i, rep in enumerate(body.get("replicas") or []):
-        if not isinstance(rep, dict) or not isinstance(rep.get("id"), str):
-            problems.append(f"replicas[{i}] needs a string id")
-        elif rep.get("state") not in REPORTED_STATES:
-            problems.append(f"replicas[{i}].state {rep.get('state')!r} is not one of "
-                            f"{', '.join(REPORTED_STATES)}")
-        elif rep.get("progress") is not None and not isinstance(rep.get("progress"), dict):
-            problems.append(f"replicas[{i}].progress must be a mapping")
-    return problems
+_resolved: dict[str, tuple[float, tuple[str, ...]]] = {}
+
+
+def _resolve(name: str) -> tuple[str, ...]:
+    """The addresses a host name resolves to, cached for a minute per process."""
+    if not name or identity.is_ip(name):
+        return ()
+    now = time.monotonic()
+    hit = _resolved.get(name)
+    if hit is None or now - hit[0] > 60:
+        try:
+            infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+            hit = (now, tuple(sorted({str(i[4][0]) for i in infos})))
+        except (OSError, UnicodeError):
+            hit = (now, ())
+        if len(_resolved) > 10_000:
+            _resolved.clear()
+        _resolved[name] = hit
+    return hit[1]
 
 
 def _progress(rep: dict[str, Any]) -> str | None:
@@ -142,31 +158,39 @@ def _apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any],
 @bp.post("/report")
 @require("node")
 def report() -> Any:
-    body = json_body(required=("node",))
-    if body["node"] != g.principal:
+    parsed = parse_json(Report, request.get_data(cache=True), what="report")
+    if parsed.node != g.principal:
         raise ForbiddenError(f"this credential belongs to node {g.principal!r}, "
-                             f"not {body['node']!r}")
-    problems = _check_report(body)
-    if problems:
-        raise ValidationError("the report is malformed", details=problems)
-    reported = {r["id"]: r for r in body.get("replicas", [])}
-    node, interval = g.principal, current_app.config["LLMGW"].report_interval_s
+                             f"not {parsed.node!r}")
+    config = current_app.config["LLMGW"]
+    problem = identity.address_problem(parsed.address, request.remote_addr,
+                                       _resolve(parsed.address or ""),
+                                       config.agent_network_list)
+    body = parsed.model_dump(mode="json", by_alias=True)
+    reported = {r["id"]: r for r in body["replicas"]}
+    node, interval = g.principal, config.report_interval_s
 
     def write(conn: Any) -> dict[str, Any]:
         # Idempotent (the report states what is, the answer is re-read): retried through
         # a store failover, so agents see a pause rather than errors.
         answer: dict[str, Any] = {"report_interval_s": interval}
         now = clock()
-        repo.record_report(conn, node, body, now)
+        before = repo.get_node(conn, node)
+        repo.record_report(conn, node, body, now, problem)
+        if before is not None and before.problem != problem:
+            repo.add_event(conn, now, "node", node, problem or "the node's report is usable "
+                           "in full again")
+        if problem:
+            answer["problems"] = [problem]
         heads = repo.list_replicas(conn, node=node)
         parts = repo.parts_on_node(conn, node)
         gone = _apply_heads(conn, heads, reported, now)
         gone |= _apply_parts(conn, parts, reported, now)
         answer["assignments"] = assignments_for(
-            conn, body.get("devices") or [],
+            conn, body["devices"],
             heads=[r for r in heads if r.id not in gone],
             parts=[p for p in parts if part_id(p.replica_id, p.rank) not in gone])
-        if "sources_hash" in body:
+        if parsed.sources_hash is not None:
             sources, digest = catalog_sources(conn)
             if body["sources_hash"] != digest:
                 answer.update(sources=sources, sources_hash=digest)

@@ -8,12 +8,12 @@ from typing import Any
 from flask import Blueprint, Flask, current_app, jsonify
 
 from .. import __version__, settings
+from ..api.openapi import control_document
 from ..errors import StoreError
 from ..store import Store, repo
 from ..store.members import StoreHealth
 from . import admin_api, agent_api, console, metrics, routes_api, status_api
 from .config import ControlConfig
-from .openapi import document
 from .reconcile import LEASE, Reconciler
 from .web import install_error_handlers, store
 
@@ -35,7 +35,7 @@ def healthz() -> Any:
 
 @health.get("/openapi.json")
 def openapi() -> Any:
-    return jsonify(document())
+    return jsonify(control_document(__version__))
 
 
 def create_app(config: ControlConfig | None = None, *, store_: Store | None = None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -9,9 +11,29 @@ from pathlib import Path
 
 from .. import tls
 
+log = logging.getLogger(__name__)
+
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("LLMGW_STATE_DIR") or ".llmgw")
+
+
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and missing parents) for this user only: a new directory is 0700; an
+    existing one open to others or writable by its group becomes 0700, while a group-read
+    one (0750, as the Ansible roles make /var/lib/llmgw) is kept. State directories hold
+    the store, tokens and logs."""
+    path = Path(path).expanduser()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o027:
+        try:
+            path.chmod(0o700)
+        except PermissionError:
+            log.warning("%s is %o and not this user's to tighten: make it 0700 (chmod 700 "
+                        "%s) so only its owner reads the store, tokens and logs",
+                        path, mode, path)
+    return path
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,10 @@ class ControlConfig:
     # pages reload themselves every console_refresh_s seconds (0: never).
     console_session_s: float = 43200.0
     console_refresh_s: float = 10.0
+    # Where agents' reported addresses may lie besides the address their report came from
+    # (comma-separated networks, e.g. 10.20.0.0/16 when agents report through a NAT or a
+    # proxy). Empty: a node may only claim the address it reports from (docs/security.md).
+    agent_networks: str = ""
 
     def validate(self) -> list[str]:
         problems = []
@@ -74,6 +100,10 @@ class ControlConfig:
             _ = self.rendezvous_range
         except ValueError as exc:
             problems.append(f"LLMGW_RENDEZVOUS_PORTS={self.rendezvous_ports!r}: {exc}")
+        try:
+            _ = self.agent_network_list
+        except ValueError as exc:
+            problems.append(f"LLMGW_AGENT_NETWORKS={self.agent_networks!r}: {exc}")
         problems += tls.serving_problems(self.tls_cert, self.tls_key)
         problems += tls.ca_problems(self.ca_file)
         url = self.database_url
@@ -96,6 +126,18 @@ class ControlConfig:
         if not 1024 <= lo <= hi < 65536:
             raise ValueError("ports must be between 1024 and 65535, first <= last")
         return range(lo, hi + 1)
+
+    @property
+    def agent_network_list(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """The networks of LLMGW_AGENT_NETWORKS; ValueError naming a bad one."""
+        out = []
+        for item in filter(None, (x.strip() for x in self.agent_networks.split(","))):
+            try:
+                out.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise ValueError(f"{item!r} is not a network; write e.g. 10.20.0.0/16") \
+                    from None
+        return tuple(out)
 
     @property
     def store_url(self) -> str:

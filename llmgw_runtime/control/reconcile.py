@@ -160,9 +160,16 @@ def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
             models[model.name] = repo.get_model(conn, model.name)
 
     live = [r for reps in by_model.values() for r in reps]
+    unusable: dict[str, str] = {}
     snap = snapshot.build(list(models.values()), list(nodes.values()), live, now,
                           config.node_timeout_s, parts=parts,
-                          replace_after_s=config.replace_after_s, backoff=config.backoff)
+                          replace_after_s=config.replace_after_s, backoff=config.backoff,
+                          unusable=unusable)
+    for name, problem in unusable.items():
+        if nodes[name].problem != problem:
+            repo.set_node_problem(conn, name, problem)
+            repo.add_event(conn, now, "node", name, f"node {name} is left out of placement: "
+                           f"{problem}")
     plan = place(snap)
     taken_ports: set[int] = set()
     for start in plan.starts:

@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, current_app, jsonify, request
 
-from ..errors import NotFoundError, ValidationError
+from ..api.parse import parse_json
+from ..api.router import ActivateRequest, IdleMap
+from ..errors import NotFoundError
 from ..placement import place
 from ..store import repo
 from . import snapshot
+from .identity import url_host
 from .states import model_state
-from .web import clock, json_body, require, store
+from .web import clock, require, store
 
 bp = Blueprint("routes", __name__, url_prefix="/api/v1")
 
@@ -38,7 +41,7 @@ def routes() -> Any:
             node = nodes.get(rep.node)
             if rep.desired and rep.state == "ready" and rep.port and node and node.address:
                 endpoints.append({"replica_id": rep.id,
-                                  "url": f"http://{node.address}:{rep.port}"})
+                                  "url": f"http://{url_host(node.address)}:{rep.port}"})
         out.append({"name": model.name, "state": state.state, "reason": state.reason,
                     "on_demand": bool(model.on_demand), "endpoints": endpoints})
     return jsonify({"models": out, "api_key_hashes": key_hashes})
@@ -47,12 +50,7 @@ def routes() -> Any:
 @bp.post("/idle")
 @require("router")
 def idle() -> Any:
-    body = json_body(required=("replicas",))
-    last_used = body["replicas"]
-    if not isinstance(last_used, dict) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) and v > 0
-            for v in last_used.values()):
-        raise ValidationError("replicas must map replica ids to Unix times above zero")
+    last_used = parse_json(IdleMap, request.get_data(cache=True), what="idle map").replicas
 
     def write(conn: Any) -> None:      # idempotent (newest time wins): retried on failover
         known = {r.id: r for r in repo.list_replicas(conn)}
@@ -68,10 +66,8 @@ def idle() -> Any:
 @bp.post("/activate")
 @require("router", "admin")
 def activate() -> Any:
-    body = json_body(required=("model",))
-    name = body["model"]
-    if not isinstance(name, str):
-        raise ValidationError("model must be a string")
+    name = parse_json(ActivateRequest, request.get_data(cache=True),
+                      what="activation request").model
     config = current_app.config["LLMGW"]
     with store().begin() as conn:
         now = clock()

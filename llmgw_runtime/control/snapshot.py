@@ -18,10 +18,13 @@ def device_views(devices_json: str) -> tuple[DeviceView, ...]:
     every node each second and reports rarely change."""
     out = []
     for dev in json.loads(devices_json):
-        out.append(DeviceView(id=int(dev["id"]), klass=str(dev["class"]),
-                              memory_total_mb=int(dev.get("memory_total_mb") or 0),
-                              memory_used_mb=int(dev.get("memory_used_mb") or 0),
-                              healthy=bool(dev.get("healthy", True))))
+        total, used = dev.get("memory_total_mb") or 0, dev.get("memory_used_mb") or 0
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**53
+                   for v in (dev["id"], total, used)) or not isinstance(dev["class"], str):
+            raise ValueError(f"device {str(dev.get('id'))[:20]} has an id, class or memory "
+                             "figure that is not a whole number in range")
+        out.append(DeviceView(id=dev["id"], klass=dev["class"], memory_total_mb=total,
+                              memory_used_mb=used, healthy=dev.get("healthy", True) is True))
     return tuple(out)
 
 
@@ -42,9 +45,25 @@ def node_view(row: Any) -> NodeView:
                     fabric=row.fabric, weights=local, shared_weights=shared)
 
 
+def node_views(nodes: list[Any]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
+    """The planner's view of every node whose stored report it can use, and for the others
+    why not (a row written before reports were parsed strictly, or by hand): one bad node
+    is left out, the rest of the fleet is placed."""
+    views, unusable = [], {}
+    for row in nodes:
+        try:
+            views.append(node_view(row))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            unusable[row.name] = (f"its stored report cannot be used ({type(exc).__name__}: "
+                                  f"{str(exc)[:200]}); it gets no replicas until it reports "
+                                  "again")
+    return tuple(views), unusable
+
+
 def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
           node_timeout_s: float, *, parts: dict[str, list[Any]],
-          replace_after_s: float, backoff: tuple[float, float]) -> Snapshot:
+          replace_after_s: float, backoff: tuple[float, float],
+          unusable: dict[str, str] | None = None) -> Snapshot:
     """The planner's snapshot; ``parts`` are the worker parts by replica id (every caller
     must pass them, or the nodes of multi-node replicas would look free)."""
     by_model: dict[str, list[Any]] = {}
@@ -65,6 +84,9 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
                                          devices=tuple(json.loads(p.devices)))
                                 for p in parts.get(r.id, [])))
         for r in replicas)
-    return Snapshot(models=model_views, nodes=tuple(node_view(n) for n in nodes),
+    views, bad = node_views(nodes)
+    if unusable is not None:
+        unusable.update(bad)
+    return Snapshot(models=model_views, nodes=views,
                     replicas=replica_views, now=now, node_timeout_s=node_timeout_s,
                     replace_after_s=replace_after_s)

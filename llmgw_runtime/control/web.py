@@ -3,7 +3,6 @@ bodies and the error shape ``{"error": {"code", "reason", "message", "details"}}
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from functools import wraps
@@ -12,6 +11,7 @@ from typing import Any, TypeVar
 from flask import Flask, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from ..api.parse import InvalidJSON, decode
 from ..errors import AuthError, ForbiddenError, LlmgwError, ValidationError
 from ..security import PREFIXES, bearer, hash_token
 from ..store import Store, repo
@@ -44,7 +44,11 @@ def install_error_handlers(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException) -> Any:
         reason = (exc.name or "error").lower().replace(" ", "_")
-        return error_response(exc.code or 500, reason, exc.description or exc.name)
+        body, status = error_response(exc.code or 500, reason, exc.description or exc.name)
+        allow = dict(exc.get_headers()).get("Allow")
+        if allow:                       # a 405 says which methods the path has
+            body.headers["Allow"] = allow
+        return body, status
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Any:
@@ -53,17 +57,13 @@ def install_error_handlers(app: Flask) -> None:
                               "the control service failed unexpectedly; see its log")
 
 
-class InvalidJSON(ValidationError):
-    reason = "invalid_json"
-
-
 def json_body(required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The request's JSON object, or a 400 that says what is wrong with it."""
     raw = request.get_data(cache=True)
     try:
-        body = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
+        body = decode(raw, what="request body")
+    except InvalidJSON:
+        raise
     if not isinstance(body, dict):
         raise ValidationError("the request body must be a JSON object")
     missing = [k for k in required if k not in body]
@@ -74,10 +74,24 @@ def json_body(required: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def require(*kinds: str) -> Callable[[F], F]:
     """Only a bearer token of one of ``kinds`` (admin, router, join, node) may call this."""
+    from flask import after_this_request
+
+    from .throttle import TooManyFailures, of, retry_after
 
     def wrap(view: F) -> F:
         @wraps(view)
         def inner(*args: Any, **kwargs: Any) -> Any:
+            # Repeated wrong tokens from one address: refused for a while before any
+            # check (control/throttle.py; per worker process, by TCP peer address).
+            guesses, address = of(current_app.extensions), request.remote_addr or "-"
+            wait = guesses.wait_s(address, clock())
+            if wait > 0:
+                def retry_header(resp: Any) -> Any:
+                    resp.headers["Retry-After"] = retry_after(wait)
+                    return resp
+
+                after_this_request(retry_header)
+                raise TooManyFailures(wait)
             token = bearer(request.headers.get("Authorization"))
             if token is None:
                 raise AuthError("this API needs 'Authorization: Bearer <token>'; "
@@ -93,7 +107,13 @@ def require(*kinds: str) -> Callable[[F], F]:
             account, node = store().transaction(lookup, idempotent=True)
             kind = account.kind if account else ("node" if node else None)
             if kind is None:
+                refused_s = guesses.failed(address, clock())
+                if refused_s:
+                    current_app.logger.warning(
+                        "repeated wrong tokens from %s; refusing it for %.0f s",
+                        address, refused_s)
                 raise AuthError("the token matches no account; check it, or get a new one")
+            guesses.succeeded(address)
             if kind not in kinds:
                 raise ForbiddenError(f"a {kind} token cannot call this API; "
                                      f"use a {' or '.join(kinds)} token")

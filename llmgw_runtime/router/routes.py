@@ -8,17 +8,22 @@ unreachable and posts the idle map once a tick.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-import urllib3
+import pydantic
 
+from ..api.parse import problems
+from ..api.router import ActivateAnswer, ActivateRequest, IdleMap, Routes
+from ..api.transport import RemoteError, Transport
+from ..errors import LlmgwError
 from .balancer import Endpoint
+
+M = TypeVar("M", bound=pydantic.BaseModel)
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +49,19 @@ class RoutesTable:
 
 
 def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> RoutesTable:
-    """A :class:`RoutesTable` from control's JSON answer; raises ValueError on a bad shape."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
-        raise ValueError("routes answer has no 'models' list")
+    """A :class:`RoutesTable` from control's answer (parsed as ``api.router.Routes``);
+    raises ValueError naming what is wrong with it."""
+    if not isinstance(doc, Routes):
+        try:
+            doc = Routes.model_validate(doc)
+        except pydantic.ValidationError as exc:
+            raise ValueError("the routes answer is malformed: "
+                             + "; ".join(problems(exc)[:5])) from None
     models: dict[str, ModelRoute] = {}
-    for m in doc["models"]:
-        if not isinstance(m, dict) or not isinstance(m.get("name"), str):
-            raise ValueError(f"routes answer has a model without a name: {m!r}"[:200])
-        eps = tuple(Endpoint(str(e["replica_id"]), str(e["url"]).rstrip("/"))
-                    for e in (m.get("endpoints") or []))
-        reason = m.get("reason")
-        models[m["name"]] = ModelRoute(m["name"], str(m.get("state") or "unknown"),
-                                       None if reason is None else str(reason),
-                                       bool(m.get("on_demand")), eps)
-    hashes = frozenset(str(h) for h in (doc.get("api_key_hashes") or []))
+    for m in doc.models:
+        eps = tuple(Endpoint(e.replica_id, e.url.rstrip("/")) for e in m.endpoints)
+        models[m.name] = ModelRoute(m.name, str(m.state), m.reason, m.on_demand, eps)
+    hashes = frozenset(doc.api_key_hashes)
     old = previous.first_seen if previous else {}
     first_seen = {name: old.get(name, int(now)) for name in models}
     return RoutesTable(models, hashes, now, first_seen)
@@ -68,53 +72,40 @@ class ControlError(Exception):
 
 
 class ControlClient:
-    """The router's calls to the control service, authenticated with the router token."""
+    """The router's calls to the control service, authenticated with the router token
+    (over the one transport, ``api.transport``)."""
 
     def __init__(self, base_url: str, token: str, timeout_s: float = 10.0,
                  ca_file: str = "") -> None:
-        self._ca_file = ca_file
-        self._base = base_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}",
-                         "Content-Type": "application/json"}
-        self._timeout = urllib3.Timeout(connect=min(timeout_s, 3.0), read=timeout_s)
-        self._http: urllib3.PoolManager | None = None  # made lazily, in the worker
+        self._transport = Transport(base_url, token, ca_file=ca_file or None,
+                                    timeout_s=timeout_s, connect_timeout_s=min(timeout_s, 3.0),
+                                    maxsize=16)
+        self._base = self._transport.base
 
-    def _request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        if self._http is None:
-            self._http = urllib3.PoolManager(num_pools=2, maxsize=16, block=False,
-                                             ca_certs=self._ca_file or None)
-        data = None if body is None else json.dumps(body).encode()
+    def _call(self, method: str, path: str, body: Any, answer: type[M]) -> M:
         try:
-            resp = self._http.request(method, self._base + path, body=data,
-                                      headers=self._headers, timeout=self._timeout,
-                                      retries=False, redirect=False)
-        except urllib3.exceptions.HTTPError as exc:
-            raise ControlError(f"control service {self._base} unreachable: "
-                               f"{type(exc).__name__}") from None
-        return resp.status, resp.data
-
-    def _json(self, method: str, path: str, body: Any = None) -> Any:
-        status, data = self._request(method, path, body)
-        if status != 200:
-            raise ControlError(f"control service answered {method} {path} with HTTP {status}"
+            return self._transport.call(method, path, body, answer=answer)
+        except RemoteError as exc:
+            raise ControlError(f"control service answered {method} {path} with HTTP "
+                               f"{exc.status}: {exc.message[:200]}"
                                + (" (is LLMGW_ROUTER_TOKEN the cluster's router token?)"
-                                  if status in (401, 403) else ""))
-        try:
-            return json.loads(data)
-        except ValueError:
-            raise ControlError(f"control service answered {path} with non-JSON") from None
+                                  if exc.status in (401, 403) else "")) from None
+        except LlmgwError as exc:
+            raise ControlError(str(exc)[:500]) from None
 
-    def get_routes(self) -> Any:
-        return self._json("GET", "/api/v1/routes")
+    def get_routes(self) -> Routes:
+        return self._call("GET", "/api/v1/routes", None, Routes)
 
     def activate(self, model: str) -> dict[str, Any]:
-        doc = self._json("POST", "/api/v1/activate", {"model": model})
-        return doc if isinstance(doc, dict) else {}
+        answer = self._call("POST", "/api/v1/activate", ActivateRequest(model=model),
+                            ActivateAnswer)
+        return answer.model_dump(mode="json")
 
     def post_idle(self, replicas: dict[str, float]) -> None:
-        status, _ = self._request("POST", "/api/v1/idle", {"replicas": replicas})
-        if status not in (200, 204):
-            raise ControlError(f"control service answered POST /api/v1/idle with HTTP {status}")
+        try:
+            self._transport.request("POST", "/api/v1/idle", IdleMap(replicas=replicas))
+        except LlmgwError as exc:
+            raise ControlError(f"idle map not accepted: {str(exc)[:300]}") from None
 
 
 class RoutesCache:

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..catalog import ModelSpec
+from . import sessions
 from .schema import accounts, events, leases, models, nodes, replica_parts, replicas
 
 # ---------------------------------------------------------------- models
@@ -104,7 +105,8 @@ def node_to_dict(row: Any) -> dict[str, Any]:
     return {"name": row.name, "fabric": row.fabric, "address": row.address,
             "last_report": row.last_report, "agent_version": row.agent_version,
             "devices": json.loads(row.devices), "engines": json.loads(row.engines),
-            "weights": json.loads(row.weights), "hardware": json.loads(row.hardware)}
+            "weights": json.loads(row.weights), "hardware": json.loads(row.hardware),
+            "problem": row.problem}
 
 
 def list_nodes(conn: Connection) -> list[Any]:
@@ -125,14 +127,22 @@ def set_node_credential(conn: Connection, name: str, credential_hash: str, now: 
                      .values(credential_hash=credential_hash))
 
 
+def set_node_problem(conn: Connection, name: str, problem: str | None) -> None:
+    conn.execute(nodes.update().where(nodes.c.name == name).values(problem=problem))
+
+
 def node_by_credential(conn: Connection, credential_hash: str) -> Any | None:
     return conn.execute(sa.select(nodes).where(nodes.c.credential_hash == credential_hash)
                         ).first()
 
 
-def record_report(conn: Connection, name: str, report: dict[str, Any], now: float) -> None:
+def record_report(conn: Connection, name: str, report: dict[str, Any], now: float,
+                  problem: str | None = None) -> None:
+    """Store a parsed report (``api.agent.Report`` as JSON); ``problem`` says what of it
+    was not used (its address is then not stored)."""
     conn.execute(nodes.update().where(nodes.c.name == name).values(
-        address=report.get("address"), fabric=report.get("fabric"),
+        address=report.get("address") if problem is None else None, problem=problem,
+        fabric=report.get("fabric"),
         agent_version=report.get("agent_version"), last_report=now,
         devices=json.dumps(report.get("devices", [])),
         engines=json.dumps(report.get("engines", [])),
@@ -265,8 +275,9 @@ def accounts_of_kind(conn: Connection, kind: str) -> list[Any]:
                              .order_by(accounts.c.name)))
 
 
-def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: float) -> None:
-    """Create the account ``name`` or give it a new token."""
+def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: float) -> bool:
+    """Create the account ``name`` or give it a new token; True when an existing
+    account's token changed (rotated)."""
     row = conn.execute(sa.select(accounts).where(accounts.c.name == name)).first()
     if row is None:
         conn.execute(accounts.insert().values(name=name, kind=kind, token_hash=token_hash,
@@ -274,6 +285,10 @@ def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: fl
     elif row.token_hash != token_hash or row.kind != kind:
         conn.execute(accounts.update().where(accounts.c.name == name)
                      .values(token_hash=token_hash, kind=kind, is_admin=int(kind == "admin")))
+        # A rotated token ends the console sessions bought with the old one.
+        sessions.end_all(conn, name)
+        return True
+    return False
 
 
 def account_exists(conn: Connection, name: str) -> bool:
@@ -321,3 +336,46 @@ def release_lease(conn: Connection, name: str, holder: str) -> None:
 def lease_holder(conn: Connection, name: str, now: float) -> str | None:
     row = conn.execute(sa.select(leases).where(leases.c.name == name)).first()
     return row.holder if row is not None and row.expires >= now else None
+
+
+# ---------------------------------------------------------------- revocation
+
+
+def delete_account(conn: Connection, name: str, kind: str) -> bool:
+    """Delete the account ``name`` of ``kind`` (an API key: ``key:<name>``) and its console
+    sessions; whether there was one. Routers drop a deleted key on their next routes
+    refresh (the routes table carries the keys' hashes)."""
+    deleted = conn.execute(accounts.delete().where(accounts.c.name == name)
+                           .where(accounts.c.kind == kind)).rowcount > 0
+    if deleted:
+        sessions.end_all(conn, name)
+    return deleted
+
+
+def reset_node_credential(conn: Connection, name: str) -> bool:
+    """Forget the node's credential (NULL), so its host can join again with the join token
+    and nothing holding the old credential can report; whether the node exists."""
+    return conn.execute(nodes.update().where(nodes.c.name == name)
+                        .values(credential_hash=None)).rowcount > 0
+
+
+def replicas_using_node(conn: Connection, name: str) -> list[Any]:
+    """Replicas headed on ``name`` or with a worker part on it, by model and start."""
+    with_part = sa.select(replica_parts.c.replica_id).where(replica_parts.c.node == name)
+    return list(conn.execute(
+        sa.select(replicas)
+        .where(sa.or_(replicas.c.node == name, replicas.c.id.in_(with_part)))
+        .order_by(replicas.c.model, replicas.c.started)))
+
+
+def delete_node(conn: Connection, name: str) -> list[Any] | None:
+    """Delete the node ``name`` and every replica that uses it (a multi-node replica whole:
+    it cannot run without the part; its other parts stop when it leaves their assignments).
+    Returns the replicas deleted, or None when there is no such node."""
+    if get_node(conn, name) is None:
+        return None
+    gone = replicas_using_node(conn, name)
+    for rep in gone:
+        delete_replica(conn, rep.id)
+    conn.execute(nodes.delete().where(nodes.c.name == name))
+    return gone

@@ -59,6 +59,7 @@ nodes = Table(
     # JSON: {"source", "driver_version", "cards": [...], "problems": [...]} (revision 0002)
     Column("hardware", Text, nullable=False, default="{}", server_default="{}"),
     Index("ix_nodes_credential_hash", "credential_hash", unique=True),   # revision 0004
+    Column("problem", Text, nullable=True),    # why its report was not used in full (0006)
 )
 
 replicas = Table(

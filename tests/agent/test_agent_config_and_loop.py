@@ -53,7 +53,7 @@ def test_report_has_the_documented_shape(tmp_path: Path) -> None:
     weights = tmp_path / "weights"
     weights.mkdir()
     agent = Agent.from_config(config(tmp_path, weights_dirs=(str(weights),), fabric="ib0"))
-    report = agent.build_report()
+    report = agent.build_report().to_json()
     assert report["node"] == "node-a" and report["fabric"] == "ib0"
     assert report["engines"] == ["llama.cpp"]
     assert report["devices"][0]["class"] == "cpu"
@@ -63,7 +63,7 @@ def test_report_has_the_documented_shape(tmp_path: Path) -> None:
 
 
 def test_an_agent_told_no_weights_dirs_reports_no_weights(tmp_path: Path) -> None:
-    report = Agent.from_config(config(tmp_path)).build_report()
+    report = Agent.from_config(config(tmp_path)).build_report().to_json()
     assert report["weights"] == {} and "sources_hash" not in report
 
 
@@ -73,7 +73,7 @@ def test_the_agent_reports_the_catalog_sources_it_holds(tmp_path: Path) -> None:
     (weights / "Org" / "Repo" / "m.gguf").write_bytes(b"GGUF" + b"\0" * 64)
     agent = Agent.from_config(config(tmp_path, weights_dirs=(str(weights),)))
     agent.sources = ["hf://Org/Repo/m.gguf", "hf://Org/Other/x.gguf"]
-    held = agent.build_report()["weights"]["sources"]
+    held = agent.build_report().to_json()["weights"]["sources"]
     assert list(held) == ["hf://Org/Repo/m.gguf"]
     assert held["hf://Org/Repo/m.gguf"]["path"] == str(weights / "Org" / "Repo" / "m.gguf")
 
@@ -84,7 +84,7 @@ def test_a_cycle_against_an_unreachable_control_logs_and_keeps_going(
     with caplog.at_level(logging.WARNING):
         assert agent.run_cycle() == pytest.approx(0.05)
         assert agent.run_cycle() == pytest.approx(0.05)
-    assert "control service unreachable" in caplog.text
+    assert "control service at http" in caplog.text and "is unreachable" in caplog.text
     assert "llmgw-join-secret" not in caplog.text
 
 

@@ -63,7 +63,8 @@ class Playbook:
 def control(cluster_factory: Any) -> Cluster:  # noqa: F811 - the fixture re-exported above
     """A control service alone (no router, no agent), stopped after the test."""
     cluster: Cluster = cluster_factory()
-    cluster.start_control()
+    # The inventory tests register nodes at 10.0.0.x from loopback, as agents behind a NAT.
+    cluster.start_control(env={"LLMGW_AGENT_NETWORKS": "10.0.0.0/24"})
     return cluster
 
 

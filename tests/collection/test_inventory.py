@@ -36,7 +36,7 @@ def register_node(cluster: Cluster, name: str, address: str, fabric: str | None,
         "node": name, "address": address, "agent_version": "0.1.0", "fabric": fabric,
         "devices": devices, "device_source": "nvml", "driver_version": "550.54.15",
         "cards": [], "device_problems": [], "engines": ["llama.cpp", "vllm"],
-        "weights": {"dirs": [], "seen": []}, "replicas": []})
+        "weights": {"dirs": []}, "replicas": []})
 
 
 def inventory(cluster: Cluster, workdir: Path, config: str) -> dict[str, Any]:

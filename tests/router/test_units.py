@@ -86,11 +86,11 @@ def test_balancer_release_never_goes_negative_and_forget_prunes() -> None:
 def test_parse_table_keeps_first_seen_and_rejects_bad_shape() -> None:
     doc = {"models": [{"name": "m", "state": "ready", "reason": None, "on_demand": False,
                        "endpoints": [{"replica_id": "r1", "url": "http://h:1/"}]}],
-           "api_key_hashes": ["abc"]}
+           "api_key_hashes": ["ab" * 32]}
     t1 = parse_table(doc, 100.0)
     t2 = parse_table(doc, 200.0, t1)
     assert t2.first_seen == {"m": 100}
     assert t2.models["m"].endpoints == (Endpoint("r1", "http://h:1"),)
-    assert t2.api_key_hashes == frozenset({"abc"})
+    assert t2.api_key_hashes == frozenset({"ab" * 32})
     with pytest.raises(ValueError):
         parse_table({"nope": 1}, 0.0)

@@ -1,0 +1,191 @@
+"""Admin API bodies and answers (``llmgw ctl``, the console's JSON twin)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from .agent import CardReport, DeviceReport
+from .fields import (
+    MAX_LIST,
+    Answer,
+    Bool,
+    Count,
+    Finite,
+    Line,
+    Message,
+    Pid,
+    Port,
+    SmallCount,
+    Text,
+)
+from .states import ModelState, ReplicaState
+
+KeyName = Annotated[str, Field(strict=True, min_length=1, max_length=100,
+                               pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")]
+
+
+class KeyCreate(Message):
+    name: KeyName
+
+
+class KeyCreated(Answer):
+    name: str
+    key: str
+
+
+class KeyInfo(Answer):
+    name: str
+    created: Finite
+
+
+class Keys(Answer):
+    keys: list[KeyInfo]
+
+
+class Deleted(Answer):
+    deleted: str
+
+
+class Profile(Answer):
+    klass: Line = Field(alias="class")
+    gpus: SmallCount
+    tp: SmallCount
+    pp: SmallCount
+    nodes: SmallCount
+    memory_gb: Finite | None = None
+
+
+class Model(Answer):
+    name: str
+    source: str
+    engine: Literal["llama.cpp", "vllm"]
+    profile: Profile
+    replicas: SmallCount
+    on_demand: Bool
+    idle_stop_after_s: Finite | None = None
+    args: list[str]
+    definition_hash: str
+    parked: Bool
+    consecutive_failures: SmallCount
+    last_error: str | None = None
+    last_failure_at: Finite | None = None
+    activated_at: Finite | None = None
+    placement_reason: str | None = None
+    created: Finite
+    updated: Finite
+    strategy: Literal["binpack", "spread"]
+    sha256: str | None = None
+    size_bytes: Count | None = None
+    state: Annotated[ModelState, Field(strict=False)]
+    reason: str | None = None
+    ready: SmallCount
+    wanted: SmallCount
+
+
+class Hardware(Answer):
+    source: str | None = None
+    driver_version: str | None = None
+    cards: list[CardReport] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)
+
+
+class Node(Answer):
+    name: str
+    fabric: str | None = None
+    address: str | None = None
+    last_report: Finite | None = None
+    agent_version: str | None = None
+    devices: list[DeviceReport]
+    engines: list[str]
+    weights: dict[str, Any]
+    hardware: Hardware
+    problem: Text | None = None
+
+
+class Part(Answer):
+    rank: SmallCount
+    node: str
+    devices: list[SmallCount]
+    state: str
+    pid: Pid | None = None
+    last_error: str | None = None
+
+
+class ReplicaProgress(Answer):
+    bytes: Finite
+    total: Finite | None = None
+    rate_bps: Finite = 0.0
+
+
+class Replica(Answer):
+    id: str
+    model: str
+    node: str
+    devices: list[SmallCount]
+    port: Port | None = None
+    pid: Pid | None = None
+    state: Annotated[ReplicaState, Field(strict=False)]
+    desired: Bool
+    started: Finite
+    updated: Finite
+    last_used: Finite | None = None
+    last_error: str | None = None
+    rendezvous_port: Port | None = None
+    progress: ReplicaProgress | None = None
+    parts: list[Part] = Field(default_factory=list)
+
+
+class Event(Answer):
+    id: Count
+    time: Finite
+    kind: str
+    subject: str
+    message: str
+
+
+class CatalogResult(Answer):
+    created: list[str]
+    updated: list[str]
+    unchanged: list[str]
+    deleted: list[str]
+
+
+class Retried(Answer):
+    model: str
+    parked: Bool
+
+
+class Health(Answer):
+    status: Literal["ok", "store_unavailable"]
+    leader: str | None = None
+    version: str
+    message: str | None = None
+
+
+class ModelList(Answer):
+    models: list[Model] = Field(max_length=MAX_LIST * 4)
+
+
+class NodeList(Answer):
+    nodes: list[Node]
+
+
+class ReplicaList(Answer):
+    replicas: list[Replica]
+
+
+class EventList(Answer):
+    events: list[Event]
+
+
+class ErrorBody(Answer):
+    code: int
+    reason: str
+    message: str
+    details: list[str] = Field(default_factory=list)
+
+
+class Error(Answer):
+    error: ErrorBody

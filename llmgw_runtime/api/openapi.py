@@ -1,0 +1,250 @@
+"""Both services' OpenAPI 3.1 documents, generated from the messages of this package: the
+schema a client reads and the parser a service runs are the same definitions.
+
+Each route is one row: method, path, who may call it, its parameters, the message of its
+body and of its answer. Tests check that every served route is listed and that real
+answers (and schemathesis' generated requests) match."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import pydantic
+from pydantic.json_schema import models_json_schema
+
+from . import admin, agent, router
+from .fields import MAX_NAME
+
+REF = "#/components/schemas/{model}"
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str                       # path | query
+    schema: dict[str, Any]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    summary: str
+    auth: tuple[str, ...] | None     # security schemes; None: open
+    answer: type[pydantic.BaseModel] | str | None = None   # a message, a raw schema name
+    body: type[pydantic.BaseModel] | str | None = None
+    status: str = "200"
+    params: tuple[Param, ...] = ()
+    errors: tuple[int, ...] = (400, 401, 403)
+    content: str = "application/json"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+NAME = Param("name", "path", {"type": "string", "minLength": 1, "maxLength": MAX_NAME})
+ADMIN = ("admin",)
+
+CONTROL_ROUTES = (
+    Route("get", "/healthz", "liveness and the current leader", None, admin.Health,
+          errors=(503,)),
+    Route("post", "/api/v1/agent/join", "a node joins with the join token (409: the name "
+          "has joined already; it needs its credential or `llmgw ctl nodes reset`)",
+          ("join",), agent.JoinAnswer, agent.JoinRequest, errors=(400, 401, 403, 409)),
+    Route("post", "/api/v1/agent/report", "a node reports; the answer is its assignments",
+          ("node",), agent.ReportAnswer, agent.Report),
+    Route("get", "/api/v1/routes", "what routers route", ("router", "admin"), router.Routes),
+    Route("post", "/api/v1/idle", "last use per replica", ("router",), None, router.IdleMap,
+          status="204"),
+    Route("post", "/api/v1/activate", "someone wants this model now", ("router", "admin"),
+          router.ActivateAnswer, router.ActivateRequest, errors=(400, 401, 403, 404)),
+    Route("put", "/api/v1/catalog", "apply a catalog (YAML or JSON, docs/catalog.md)", ADMIN,
+          admin.CatalogResult, "Catalog",
+          params=(Param("prune", "query", {"type": "boolean"},
+                        "delete models the catalog does not name"),)),
+    Route("get", "/api/v1/models", "every model with its state", ADMIN, admin.ModelList),
+    Route("get", "/api/v1/models/{name}", "one model", ADMIN, admin.Model, params=(NAME,),
+          errors=(401, 403, 404)),
+    Route("delete", "/api/v1/models/{name}", "remove a model", ADMIN, admin.Deleted,
+          params=(NAME,), errors=(401, 403, 404)),
+    Route("post", "/api/v1/models/{name}/retry", "unpark a model", ADMIN, admin.Retried,
+          params=(NAME,), errors=(401, 403, 404)),
+    Route("get", "/api/v1/nodes", "nodes and their devices", ADMIN, admin.NodeList),
+    Route("post", "/api/v1/nodes/{name}/reset", "clear a node's credential (a reinstalled "
+          "host joins again)", ADMIN, "NodeReset", params=(NAME,), errors=(401, 403, 404)),
+    Route("delete", "/api/v1/nodes/{name}", "remove a node that is gone", ADMIN,
+          "NodeDeleted", errors=(400, 401, 403, 404, 409),
+          params=(NAME, Param("force", "query", {"type": "boolean"},
+                              "also when the node reported recently"))),
+    Route("get", "/api/v1/status", "the fleet summary behind every status view", ADMIN,
+          "Status", params=(Param("idle_after_s", "query",
+                                  {"type": "number", "minimum": 0, "maximum": 1e9}),)),
+    Route("get", "/api/v1/plan", "what placement would do now (a dry run)", ADMIN, "Plan"),
+    Route("get", "/api/v1/replicas", "replicas", ADMIN, admin.ReplicaList),
+    Route("get", "/api/v1/events", "recent events, newest first", ADMIN, admin.EventList,
+          params=(Param("limit", "query", {"type": "integer", "minimum": 1,
+                                           "maximum": 1000}),)),
+    Route("get", "/api/v1/keys", "router API keys (names only)", ADMIN, admin.Keys),
+    Route("post", "/api/v1/keys", "create a router API key, shown once", ADMIN,
+          admin.KeyCreated, admin.KeyCreate, status="201", errors=(400, 401, 403, 409)),
+    Route("delete", "/api/v1/keys/{name}", "delete a router API key", ADMIN, admin.Deleted,
+          params=(NAME,), errors=(401, 403, 404)),
+    Route("get", "/metrics", "Prometheus metrics (text exposition format); open unless "
+          "LLMGW_METRICS_TOKEN is set", None, "MetricsText", content="text/plain",
+          errors=(401,), extra={"security": [{}, {"metrics": []}]}),
+)
+
+_CATALOG_ENTRY = {
+    "type": "object", "required": ["name", "source", "engine", "profile"],
+    "properties": {
+        "name": {"type": "string", "maxLength": MAX_NAME},
+        "source": {"type": "string"}, "engine": {"enum": ["llama.cpp", "vllm"]},
+        "profile": {"type": "object"}, "replicas": {"type": "integer", "minimum": 0},
+        "on_demand": {"type": "boolean"}, "idle_stop_after": {"type": ["string", "number"]},
+        "args": {"type": "array", "items": {"type": "string"}},
+        "strategy": {"enum": ["binpack", "spread"]}, "sha256": {"type": "string"},
+        "size_bytes": {"type": "integer", "minimum": 0}},
+    "description": "one model; llmgw_runtime/catalog.py checks every field (docs/catalog.md)"}
+RAW: dict[str, Any] = {
+    "Catalog": {"type": "object", "required": ["models"],
+                "properties": {"models": {"type": "array", "items": _CATALOG_ENTRY}}},
+    "NodeReset": {"type": "object", "required": ["node", "credential"], "properties": {
+        "node": {"type": "string"}, "credential": {"type": "null"}}},
+    "NodeDeleted": {"type": "object", "required": ["deleted"], "properties": {
+        "deleted": {"type": "string"},
+        "replicas": {"type": "array", "items": {"type": "string"}}}},
+    "MetricsText": {"type": "string"},
+    "Plan": {"type": "object", "required": ["starts", "stops", "unplaceable"], "properties": {
+        "starts": {"type": "array", "items": {"type": "object"}},
+        "stops": {"type": "array", "items": {"type": "object"}},
+        "unplaceable": {"type": "object", "additionalProperties": {"type": "string"}},
+        "devices": {"type": "object"}, "cards_unusable": {"type": "array"},
+        "fabrics": {"type": "object"}, "models": {"type": "object"}}},
+}
+
+
+def _status_schema() -> dict[str, Any]:
+    """The fleet summary's own JSON Schema (status/status.schema.json), its ``$defs``
+    moved into components so that references resolve inside the document."""
+    text = resources.files("llmgw_runtime.status").joinpath("status.schema.json").read_text()
+    text = text.replace('"#/$defs/', '"#/components/schemas/Status_')
+    doc = json.loads(text)
+    for key in ("$schema", "$id"):
+        doc.pop(key, None)
+    defs = doc.pop("$defs", {})
+    return {"Status": doc, **{f"Status_{k}": v for k, v in defs.items()}}
+
+
+def _schemas(messages: list[type[pydantic.BaseModel]]) -> dict[str, Any]:
+    _, top = models_json_schema([(m, "validation") for m in messages], ref_template=REF)
+    return dict(top.get("$defs", {}))
+
+
+def _ref(what: type[pydantic.BaseModel] | str) -> dict[str, str]:
+    return {"$ref": REF.format(model=what if isinstance(what, str) else what.__name__)}
+
+
+def _operation(route: Route, error: str) -> dict[str, Any]:
+    responses: dict[str, Any] = {}
+    if route.answer is None:
+        responses[route.status] = {"description": "done"}
+    else:
+        responses[route.status] = {"description": "ok", "content": {
+            route.content: {"schema": _ref(route.answer)}}}
+    for code in sorted({*route.errors, 405, 413, 429, 500, 503} - {int(route.status)}):
+        responses[str(code)] = {"description": "error", "content": {
+            "application/json": {"schema": _ref(error)}}}
+    op: dict[str, Any] = {"summary": route.summary, "responses": responses}
+    if route.auth:
+        op["security"] = [{a: []} for a in route.auth]
+    op.update(route.extra)
+    if route.params:
+        op["parameters"] = [{"name": p.name, "in": p.where, "required": p.where == "path",
+                             "schema": p.schema, **({"description": p.description}
+                                                    if p.description else {})}
+                            for p in route.params]
+    if route.body is not None:
+        content = {"application/json": {"schema": _ref(route.body)}}
+        if route.body == "Catalog":
+            content["application/yaml"] = {"schema": {"type": "string"}}
+        op["requestBody"] = {"required": True, "content": content}
+    return op
+
+
+def _paths(routes: tuple[Route, ...], error: str) -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for route in routes:
+        paths.setdefault(route.path, {})[route.method] = _operation(route, error)
+    return paths
+
+
+def _messages(routes: tuple[Route, ...], *more: type[pydantic.BaseModel]
+              ) -> list[type[pydantic.BaseModel]]:
+    out: list[type[pydantic.BaseModel]] = list(more)
+    for route in routes:
+        for what in (route.answer, route.body):
+            if isinstance(what, type) and what not in out:
+                out.append(what)
+    return out
+
+
+@cache
+def control_document(version: str) -> dict[str, Any]:
+    bearer = {"type": "http", "scheme": "bearer"}
+    schemas = _schemas(_messages(CONTROL_ROUTES, admin.Error))
+    schemas.update(RAW)
+    schemas.update(_status_schema())
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "llmgw control service", "version": version},
+        "paths": _paths(CONTROL_ROUTES, "Error"),
+        "components": {"schemas": schemas,
+                       "securitySchemes": {k: bearer for k in ("admin", "join", "node",
+                                                               "router", "metrics")}},
+    }
+
+
+ROUTER_ROUTES = tuple(
+    Route("post", path, summary, ("apiKey",), "ProxyAnswer", router.ProxyRequest,
+          errors=(400, 401, 404, 502))
+    for path, summary in (
+        ("/v1/chat/completions", "Chat completion, proxied to a ready replica"),
+        ("/v1/completions", "Text completion, proxied to a ready replica"),
+        ("/v1/embeddings", "Embeddings, proxied to a ready replica"))) + (
+    Route("get", "/v1/models", "Every catalog model", ("apiKey",), router.ModelsList,
+          errors=(401,)),
+    Route("get", "/healthz", "Liveness and the number of routed models", None,
+          router.RouterHealth, errors=()),
+    Route("get", "/metrics", "Prometheus metrics (text exposition format), summed over the "
+          "router's workers; no API key", None, "MetricsText", content="text/plain",
+          errors=()),
+    Route("get", "/openapi.json", "This document", None, "Document", errors=()),
+)
+
+
+@cache
+def router_document(version: str) -> dict[str, Any]:
+    schemas = _schemas(_messages(ROUTER_ROUTES, router.OpenAIError))
+    schemas.update({"MetricsText": {"type": "string"}, "Document": {"type": "object"},
+                    "ProxyAnswer": {"type": "object", "description":
+                                    "the engine's answer; with `stream: true`, server-sent "
+                                    "events passed through as they arrive"}})
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "llmgw router", "version": version,
+                 "description": "OpenAI-compatible API in front of llmgw's engine replicas."},
+        "paths": _paths(ROUTER_ROUTES, "OpenAIError"),
+        "components": {"schemas": schemas, "securitySchemes": {"apiKey": {
+            "type": "http", "scheme": "bearer",
+            "description": "an API key (sk-llmgw-...), when the router requires keys"}}},
+    }
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+        ok = doc["paths"][path]["post"]["responses"]["200"]["content"]
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    health = doc["paths"]["/healthz"]["get"]["responses"]
+    health["503"] = {"description": "no routes table yet", "content": {
+        "application/json": {"schema": _ref(router.RouterHealth)}}}
+    return doc
