@@ -6,7 +6,6 @@ gunicorn calls :func:`create_app` in each gevent worker (after gevent has patche
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from flask import Blueprint, Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from ..api.jsonlimits import JsonTooDeep, loads_bounded
 from ..security import bearer, hash_token
 from ..settings import load
 from .balancer import Balancer
@@ -26,6 +26,7 @@ from .errors import (
     ModelNotReady,
     ModelParked,
     ModelUnplaceable,
+    RequestTooLarge,
     RouterError,
     error_body,
 )
@@ -38,6 +39,13 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 _ACTIVATE_STATES = ("starting", "activating", "idle")
+MAX_JSON_DEPTH = 64        # arrays and objects in a request body
+MAX_MODEL_NAME = 200       # characters of 'model', as catalog names
+# In the WSGI environ once the whole request body is read: serve.py's gunicorn hook closes
+# the connection of a request answered without it (a 413, a 401...) instead of letting
+# gunicorn read the unread rest, however large, to reach the next request.
+BODY_READ = "llmgw.body_read"
+_READ_BLOCK = 1 << 16
 
 
 class RouterState:
@@ -70,8 +78,31 @@ class RouterState:
         return table
 
     def check_api_key(self, table: RoutesTable) -> None:
+        """The request's API key must be one of the table's; an address that sent many
+        wrong keys is refused (429, Retry-After) for a growing while before any check
+        (control/throttle.py: per worker process, by TCP peer address, not
+        X-Forwarded-For)."""
+        from flask import after_this_request
+
+        from ..control.throttle import ROUTER, Throttle, retry_after
+        from .errors import TooManyFailedKeys
+
         if not self.config.require_api_key:
             return
+        guesses: Throttle | None = getattr(self, "key_throttle", None)
+        if guesses is None:
+            guesses = self.key_throttle = Throttle(ROUTER)
+        address, now = request.remote_addr or "-", time.monotonic()
+        wait = guesses.wait_s(address, now)
+        if wait > 0:
+            def retry_header(resp: Response) -> Response:
+                resp.headers["Retry-After"] = retry_after(wait)
+                return resp
+
+            after_this_request(retry_header)
+            raise TooManyFailedKeys(f"too many requests with a wrong API key from your "
+                                    f"address; retry after {retry_after(wait)} s with a "
+                                    "valid key", retry_after_s=wait)
         key = bearer(request.headers.get("Authorization"))
         if not table.api_key_hashes:
             raise InvalidApiKey("this router requires an API key and none is configured: "
@@ -81,8 +112,12 @@ class RouterState:
             raise InvalidApiKey("no API key: send `Authorization: Bearer <key>`; create a key "
                                 "with `llmgw ctl keys create NAME`")
         if hash_token(key) not in table.api_key_hashes:
+            if guesses.failed(address, now):
+                log.warning("repeated wrong API keys from %s; refusing it for a while",
+                            address)
             raise InvalidApiKey("the API key is not valid: use a key made with "
                                 "`llmgw ctl keys create NAME` (keys are shown only once)")
+        guesses.succeeded(address)
 
     def _activate(self, model: str) -> dict[str, Any]:
         """Ask control to start ``model``; concurrent requests share one call a second."""
@@ -137,6 +172,47 @@ def _refuse(state: str, reason: Any, model: str) -> None:
                                "profile in the catalog", param="model")
 
 
+def _too_large(limit: int, size: int | None = None) -> RequestTooLarge:
+    what = f"is {size} bytes, above" if size is not None and size > limit else "exceeds"
+    return RequestTooLarge(f"the request body {what} this router's limit of {limit} bytes "
+                           f"({limit / 1048576:g} MiB, the setting LLMGW_MAX_BODY_MB): send a "
+                           "smaller request, or have the operator raise LLMGW_MAX_BODY_MB")
+
+
+def refuse_declared_too_large(limit: int) -> None:
+    """Raise RequestTooLarge, before anything is read, when Content-Length exceeds ``limit``."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise _too_large(limit, length)
+
+
+def read_body(limit: int) -> bytes:
+    """The request body, never holding more than ``limit`` + 64 KiB of it: a Content-Length
+    above the limit is refused unread, a body without one (chunked) is read up to one byte
+    past the limit and refused there."""
+    environ = request.environ
+    length = request.content_length
+    if length is not None and length > limit:
+        raise _too_large(limit, length)
+    if length is None and not environ.get("wsgi.input_terminated"):
+        environ[BODY_READ] = True   # a server that does not end the input: no body (werkzeug)
+        return b""
+    stream = environ["wsgi.input"]
+    want = limit + 1 if length is None else length
+    parts: list[bytes] = []
+    got = 0
+    while got < want:
+        part = stream.read(min(_READ_BLOCK, want - got))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    if got > limit:
+        raise _too_large(limit)
+    environ[BODY_READ] = True
+    return b"".join(parts)
+
+
 def _error_response(exc: RouterError) -> Response:
     RouterMetrics.error_answered(request.environ, exc.code)
     resp = jsonify(exc.body())
@@ -144,25 +220,45 @@ def _error_response(exc: RouterError) -> Response:
     return resp
 
 
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool) or value is None:
+        return "true, false or null"
+    return "a number"
+
+
 def _openai_blueprint(state: RouterState) -> Blueprint:
     bp = Blueprint("openai", __name__)
     bp.register_error_handler(RouterError, _error_response)
 
     def proxy(path: str) -> Response:
+        limit = state.config.max_body_bytes
+        refuse_declared_too_large(limit)
         table = state.current_table()
         state.check_api_key(table)
-        body = request.get_data(cache=False)
+        body = read_body(limit)
         try:
-            doc = json.loads(body)
+            doc = loads_bounded(body, max_depth=MAX_JSON_DEPTH)
+        except JsonTooDeep as exc:
+            raise InvalidRequest(f"{exc} (the router's limit is {MAX_JSON_DEPTH} levels)"
+                                 ) from None
         except ValueError as exc:
             raise InvalidJson(f"the request body is not valid JSON ({exc}); send a JSON object "
-                              "with Content-Type: application/json") from None
+                              "in UTF-8 with Content-Type: application/json") from None
         if not isinstance(doc, dict):
-            raise InvalidRequest("the request body must be a JSON object with a 'model' field")
+            raise InvalidRequest("the request body must be a JSON object with a 'model' field, "
+                                 f"not {_json_kind(doc)}")
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' is missing or not a string; set it to one of the ids "
                                  "GET /v1/models lists", param="model")
+        if len(model) > MAX_MODEL_NAME:
+            raise InvalidRequest(f"'model' is {len(model)} characters long; model names have at "
+                                 f"most {MAX_MODEL_NAME}: set it to one of the ids GET /v1/models "
+                                 "lists", param="model")
         state.metrics.model_named(request.environ,
                                   model if model in table.models else UNKNOWN_MODEL)
         route = state.resolve(model, table)
@@ -192,12 +288,19 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
     return bp
 
 
+_HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed",
+               413: "request_too_large"}
+
+
 def create_app(config: RouterConfig | None = None) -> Flask:
     """The router's WSGI app; ``config`` defaults to one loaded from ``LLMGW_*``."""
     if config is None:
         config = load(RouterConfig)
     app = Flask(__name__)
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    # A backstop: the proxied routes read bodies with read_body; anything that reads one
+    # through Flask (get_data, get_json, forms) is held to the same limit.
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     state = RouterState(config)
     app.extensions["llmgw_router"] = state
     app.register_blueprint(_openai_blueprint(state))
@@ -224,11 +327,21 @@ def create_app(config: RouterConfig | None = None) -> Flask:
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.code or 500, "http_error")
+        status = exc.code or 500
+        code = _HTTP_CODES.get(status, "http_error")
         RouterMetrics.error_answered(request.environ, code)
-        resp = jsonify(error_body(f"{request.method} {request.path}: {exc.description}",
-                                  "invalid_request_error", code))
-        resp.status_code = exc.code or 500
+        if status == 413:
+            body = _too_large(config.max_body_bytes, request.content_length).body()
+        else:
+            body = error_body(f"{request.method} {request.path}: {exc.description}",
+                              "server_error" if status >= 500 else "invalid_request_error",
+                              code)
+        resp = jsonify(body)
+        resp.status_code = status
+        # werkzeug's own headers of the error: Allow on a 405, WWW-Authenticate, Retry-After
+        for name, value in exc.get_headers(request.environ):
+            if name.lower() not in ("content-type", "content-length"):
+                resp.headers[name] = value
         return resp
 
     app.wsgi_app = MetricsMiddleware(app.wsgi_app, state.metrics)  # type: ignore[method-assign]

@@ -25,9 +25,15 @@ class RouterConfig:
     refresh_interval_s: float = 1.0
     activation_timeout_s: float = 120.0
     upstream_timeout_s: float = 600.0
+    max_body_mb: float = 16.0  # LLMGW_MAX_BODY_MB: larger request bodies get a 413 unread
     tls_cert: str = ""        # serve HTTPS with this certificate and key
     tls_key: str = ""
     ca_file: str = ""         # the CA that signed the control service's certificate
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body the router reads, in bytes."""
+        return int(self.max_body_mb * 1024 * 1024)
 
     def validate(self) -> list[str]:
         """Every problem of this configuration, as messages that say what to fix."""
@@ -52,6 +58,9 @@ class RouterConfig:
         for name in ("refresh_interval_s", "activation_timeout_s", "upstream_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} {getattr(self, name)} must be a positive number of seconds")
+        if not 0 < self.max_body_mb <= 4096:
+            problems.append(f"max_body_mb {self.max_body_mb:g} must be above 0 and at most 4096 "
+                            "(MiB of one request body; default 16)")
         problems += tls.serving_problems(self.tls_cert, self.tls_key)
         problems += tls.ca_problems(self.ca_file)
         return problems

@@ -34,8 +34,23 @@ class InvalidRequest(RouterError):
     status, code, type = 400, "invalid_request", "invalid_request_error"
 
 
+class RequestTooLarge(RouterError):
+    status, code, type = 413, "request_too_large", "invalid_request_error"
+
+
 class InvalidApiKey(RouterError):
     status, code, type = 401, "invalid_api_key", "invalid_request_error"
+
+
+class TooManyFailedKeys(RouterError):
+    """Repeated wrong API keys from one address: refused for ``retry_after_s`` (the
+    Retry-After header) before its key is even checked."""
+
+    status, code, type = 429, "too_many_failed_keys", "invalid_request_error"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ModelNotFound(RouterError):

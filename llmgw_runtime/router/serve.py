@@ -10,6 +10,10 @@ names it in ``PROMETHEUS_MULTIPROC_DIR`` before any worker forks (and before any
 prometheus_client: nothing on the way here does), so every worker's counters land there and
 ``/metrics`` on any worker adds them up. A worker that exits has its in-flight gauge dropped
 (``child_exit``); the directory goes when the router stops.
+
+Bodies: a request answered before its body was read (a 413 on Content-Length, a 401, a 404)
+closes its connection (``post_request``) unless what is left is at most 64 KiB, instead of
+gunicorn reading and dropping the rest, however large, to reach the next request.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .. import tls
 from .config import RouterConfig
 
 GRACEFUL_TIMEOUT_S = 30
+SMALL_UNREAD_BODY = 1 << 16     # drained to keep the connection; anything larger closes it
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"   # read by prometheus_client at its import
 
 
@@ -57,6 +62,26 @@ def _child_exit(server: Any, worker: Any) -> None:
         multiprocess.mark_process_dead(worker.pid, path)
 
 
+def _unread_body_is_large(environ: dict[str, Any]) -> bool:
+    from .app import BODY_READ
+
+    if environ.get(BODY_READ):
+        return False
+    if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+        return True
+    try:
+        return int(environ.get("CONTENT_LENGTH") or 0) > SMALL_UNREAD_BODY
+    except ValueError:
+        return True
+
+
+def _post_request(worker: Any, req: Any, environ: dict[str, Any], resp: Any) -> None:
+    """gunicorn hook, in the worker after each answer: close the connection rather than
+    read a large unread body (see the module's docstring)."""
+    if _unread_body_is_large(environ):
+        req.force_close()
+
+
 class _RouterApplication(BaseApplication):  # type: ignore[misc]
     def __init__(self, config: RouterConfig) -> None:
         self._config = config
@@ -67,6 +92,7 @@ class _RouterApplication(BaseApplication):  # type: ignore[misc]
             if key in self.cfg.settings:
                 self.cfg.set(key, value)
         self.cfg.set("child_exit", _child_exit)
+        self.cfg.set("post_request", _post_request)
 
     def load(self) -> Any:
         from .app import create_app  # imported in the worker, after gevent patched

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -81,3 +83,80 @@ def test_invalid_request_when_model_missing(keyless_control: FakeControl) -> Non
             "code": "invalid_request", "param": "model"}
     finally:
         _stop(app)
+
+
+@pytest.fixture
+def open_app(keyless_control: FakeControl) -> Iterator[Flask]:
+    app = _app(keyless_control.url, require_api_key=False, max_body_mb=0.25)
+    yield app
+    _stop(app)
+
+
+def _post(app: Flask, body: bytes) -> tuple[int, dict[str, object]]:
+    resp = app.test_client().post("/v1/chat/completions", data=body,
+                                  content_type="application/json")
+    err = resp.get_json()["error"]
+    assert set(err) == {"message", "type", "code", "param"}
+    return resp.status_code, err
+
+
+def test_deep_nesting_is_refused_with_the_limit_not_a_500(open_app: Flask) -> None:
+    status, err = _post(open_app, b"[" * 50_000 + b"]" * 50_000)
+    assert (status, err["code"]) == (400, "invalid_request")
+    assert "64" in str(err["message"])
+    # 64 levels are fine: the body is then refused for not being an object
+    status, err = _post(open_app, b"[" * 64 + b"]" * 64)
+    assert (status, err["code"]) == (400, "invalid_request")
+    assert "not an array" in str(err["message"])
+
+
+@pytest.mark.parametrize("body", [b'{"model": "chat"\xff}', "{\"model\": \"\u00e9\"}".encode("utf-16"),
+                                  b'{"model": "chat", "t": NaN}', b'{"model": "chat", "t": 1e999}',
+                                  b'{"model": "chat", "n": ' + b"9" * 5000 + b"}",
+                                  b'{"model": "ch\x01at"}'])
+def test_bodies_that_are_not_strict_utf8_json_are_400_invalid_json(open_app: Flask,
+                                                                 body: bytes) -> None:
+    status, err = _post(open_app, body)
+    assert (status, err["code"], err["type"]) == (400, "invalid_json", "invalid_request_error")
+
+
+@pytest.mark.parametrize("body", [b"[]", b'"chat"', b"3", b"null", b"true"])
+def test_json_that_is_not_an_object_is_400(open_app: Flask, body: bytes) -> None:
+    status, err = _post(open_app, body)
+    assert (status, err["code"]) == (400, "invalid_request")
+    assert "JSON object" in str(err["message"])
+
+
+@pytest.mark.parametrize("model", [3, None, [], {}, True, ""])
+def test_model_that_is_not_a_string_is_400(open_app: Flask, model: object) -> None:
+    status, err = _post(open_app, json.dumps({"model": model}).encode())
+    assert (status, err["code"], err["param"]) == (400, "invalid_request", "model")
+
+
+def test_very_long_model_name_is_400_with_the_bound(open_app: Flask) -> None:
+    status, err = _post(open_app, json.dumps({"model": "m" * 100_000}).encode())
+    assert (status, err["code"], err["param"]) == (400, "invalid_request", "model")
+    assert "200" in str(err["message"]) and len(str(err["message"])) < 300
+
+
+def test_body_over_the_limit_is_413_in_openai_shape(open_app: Flask) -> None:
+    status, err = _post(open_app, b'{"model": "chat", "p": "' + b"x" * 300_000 + b'"}')
+    assert (status, err["code"], err["type"]) == (413, "request_too_large",
+                                                  "invalid_request_error")
+    assert "LLMGW_MAX_BODY_MB" in str(err["message"])
+    assert "262144 bytes" in str(err["message"])
+    # without a Content-Length (a stream), read only up to the limit
+    resp = open_app.test_client().post("/v1/chat/completions",
+                                       input_stream=io.BytesIO(b"x" * 300_000))
+    assert resp.status_code == 413
+    assert resp.get_json()["error"]["code"] == "request_too_large"
+
+
+def test_method_not_allowed_keeps_the_allow_header(open_app: Flask) -> None:
+    c = open_app.test_client()
+    resp = c.get("/v1/chat/completions")
+    assert resp.status_code == 405
+    assert set(resp.headers["Allow"].replace(" ", "").split(",")) == {"OPTIONS", "POST"}
+    assert resp.get_json()["error"]["code"] == "method_not_allowed"
+    resp = c.delete("/v1/models")
+    assert resp.status_code == 405 and "GET" in resp.headers["Allow"]
