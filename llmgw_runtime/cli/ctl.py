@@ -7,15 +7,19 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import click
 
+from ..api import admin as messages
 from ..catalog import parse_duration
 from ..status.render import human_bytes, render
 from ..status.summary import device_label
-from .client import Client, admin_token
+from .client import ApiError, Client, admin_token
 from .output import ago, emit, output_option
+from .text import clean, printable, printable_lines
 
 
 @click.group()
@@ -30,8 +34,38 @@ def ctl(ctx: click.Context, url: str, token: str | None, ca_file: str | None) ->
     ctx.obj = {"url": url, "token": token, "ca_file": ca_file}
 
 
+class SafeClient(Client):
+    """The admin API client whose error messages (which quote names from the server) are
+    shown through the sanitiser like everything else ``ctl`` prints."""
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().request(*args, **kwargs)
+        except ApiError as exc:
+            exc.message = printable_lines(exc.message)  # type: ignore[misc]
+            raise
+
+
 def client(ctx: click.Context) -> Client:
-    return Client(ctx.obj["url"], admin_token(ctx.obj["token"]), ca_file=ctx.obj["ca_file"])
+    return SafeClient(ctx.obj["url"], admin_token(ctx.obj["token"]),
+                      ca_file=ctx.obj["ca_file"])
+
+
+def show(data: Any, rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str) -> None:
+    """``emit`` with every cell of a table through ``text.printable`` (a name with an
+    escape sequence shows as ``\\x1b[2J``, it does not clear the screen); JSON as is."""
+    safe = [[printable(c) if isinstance(c, str) else c for c in row] for row in rows]
+    emit(data, safe, headers, fmt)
+
+
+def say(text: str) -> None:
+    """A line of plain output, through the sanitiser (a name cannot forge a line)."""
+    click.echo(printable(text))
+
+
+def part(name: str) -> str:
+    """A name as one URL path segment."""
+    return quote(name, safe="")
 
 
 @ctl.command()
@@ -51,10 +85,11 @@ def apply(ctx: click.Context, path: str, prune: bool) -> None:
             raise click.ClickException(f"cannot read the catalog {path}: {exc.strerror}") \
                 from None
     result = client(ctx).request("PUT", "/api/v1/catalog" + ("?prune=true" if prune else ""),
-                                 text.encode(), "application/yaml")
+                                 text.encode(), "application/yaml",
+                                 answer=messages.CatalogResult)
     for verb in ("created", "updated", "deleted", "unchanged"):
         for name in result.get(verb, []):
-            click.echo(f"model {name} {verb}")
+            say(f"model {name} {verb}")
 
 
 @ctl.command()
@@ -62,23 +97,51 @@ def apply(ctx: click.Context, path: str, prune: bool) -> None:
 @click.pass_context
 def models(ctx: click.Context, fmt: str) -> None:
     """Models with their state (ready, starting, parked, unplaceable ...)."""
-    data = client(ctx).get("/api/v1/models")
+    data = client(ctx).get("/api/v1/models", answer=messages.ModelList)
     rows = [(m["name"], m["engine"], m["profile"]["class"], f"{m['ready']}/{m['wanted']}",
              m["state"] + (" (on demand)" if m["on_demand"] else ""),
              m["consecutive_failures"], m["reason"] or "")
             for m in data["models"]]
-    emit(data, rows, ("MODEL", "ENGINE", "CLASS", "READY", "STATE", "FAILURES", "REASON"),
+    show(data, rows, ("MODEL", "ENGINE", "CLASS", "READY", "STATE", "FAILURES", "REASON"),
          fmt)
 
 
-@ctl.command()
+@ctl.group(invoke_without_command=True)
 @output_option
 @click.pass_context
 def nodes(ctx: click.Context, fmt: str) -> None:
-    """Nodes and their devices (``0``, ``0/mig1``), class, memory and health."""
-    data = client(ctx).get("/api/v1/nodes")
-    emit(data, node_rows(data["nodes"], time.time()),
+    """Nodes and their devices (``0``, ``0/mig1``), class, memory and health;
+    ``nodes reset NAME`` and ``nodes delete NAME`` revoke one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    data = client(ctx).get("/api/v1/nodes", answer=messages.NodeList)
+    show(data, node_rows(data["nodes"], time.time()),
          ("NODE", "REPORTED", "DEVICE", "CLASS", "MEMORY", "HEALTH"), fmt)
+
+
+@nodes.command("reset")
+@click.argument("name")
+@click.pass_context
+def nodes_reset(ctx: click.Context, name: str) -> None:
+    """Forget NAME's node credential: its host (reinstalled, or with a leaked credential)
+    joins again with the join token; the old credential is refused at once."""
+    client(ctx).post(f"/api/v1/nodes/{part(name)}/reset", {})
+    say(f"node {name}: credential reset; its agent joins again with the join token")
+
+
+@nodes.command("delete")
+@click.argument("name")
+@click.option("--force", is_flag=True,
+              help="delete it even though it reported within the node timeout")
+@click.pass_context
+def nodes_delete(ctx: click.Context, name: str, force: bool) -> None:
+    """Delete node NAME (a host that is gone) and the replicas that used it; they are
+    placed again elsewhere. Refused while it still reports, unless --force."""
+    result = client(ctx).request("DELETE", f"/api/v1/nodes/{part(name)}"
+                                 + ("?force=true" if force else ""))
+    gone = result.get("replicas") or []
+    say(f"node {name} deleted" + (f" with {len(gone)} replica(s), placed again elsewhere: "
+                                  + ", ".join(gone) if gone else ""))
 
 
 def node_rows(nodes_: list[dict[str, Any]], now: float) -> list[tuple[str, ...]]:
@@ -99,6 +162,8 @@ def node_rows(nodes_: list[dict[str, Any]], now: float) -> list[tuple[str, ...]]
         if not lines:
             problems = "; ".join(hardware.get("problems", [])) or "no devices reported"
             lines.append(("-", "-", "-", problems))
+        if node.get("problem"):
+            lines.insert(0, ("-", "-", "-", f"PROBLEM: {node['problem']}"))
         for i, line in enumerate(lines):
             rows.append(((node["name"], ago(node["last_report"], now)) if i == 0
                          else ("", "")) + line)
@@ -110,13 +175,13 @@ def node_rows(nodes_: list[dict[str, Any]], now: float) -> list[tuple[str, ...]]
 @click.pass_context
 def replicas(ctx: click.Context, fmt: str) -> None:
     """Replicas: where each runs, its state and last error."""
-    data = client(ctx).get("/api/v1/replicas")
+    data = client(ctx).get("/api/v1/replicas", answer=messages.ReplicaList)
     now = time.time()
     rows = [(r["id"], r["model"], where(r), r["port"], state_text(r),
              ago(r["started"], now), ago(r["last_used"], now),
              (r["last_error"] or "").splitlines()[-1][:80] if r["last_error"] else "")
             for r in data["replicas"]]
-    emit(data, rows, ("REPLICA", "MODEL", "NODE:DEVICES", "PORT", "STATE", "STARTED",
+    show(data, rows, ("REPLICA", "MODEL", "NODE:DEVICES", "PORT", "STATE", "STARTED",
                       "LAST USED", "LAST ERROR"), fmt)
 
 
@@ -152,10 +217,10 @@ def state_text(replica: dict[str, Any]) -> str:
 @click.pass_context
 def events(ctx: click.Context, limit: int, fmt: str) -> None:
     """What happened and why, newest first."""
-    data = client(ctx).get(f"/api/v1/events?limit={limit}")
+    data = client(ctx).get(f"/api/v1/events?limit={limit}", answer=messages.EventList)
     rows = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])), e["kind"],
              e["subject"], e["message"]) for e in data["events"]]
-    emit(data, rows, ("TIME", "KIND", "SUBJECT", "MESSAGE"), fmt)
+    show(data, rows, ("TIME", "KIND", "SUBJECT", "MESSAGE"), fmt)
 
 
 @ctl.command()
@@ -164,7 +229,7 @@ def events(ctx: click.Context, limit: int, fmt: str) -> None:
 def retry(ctx: click.Context, model: str) -> None:
     """Unpark MODEL: forget its failures and place it again."""
     client(ctx).post(f"/api/v1/models/{model}/retry", {})
-    click.echo(f"model {model} unparked; it will be placed again")
+    say(f"model {model} unparked; it will be placed again")
 
 
 @ctl.command()
@@ -218,6 +283,7 @@ def plan(ctx: click.Context, fmt: str) -> None:
     if fmt == "json":
         emit(data, [], [], "json")
         return
+    data = clean(data)             # every name and reason below: no raw escapes
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     click.echo(render(data, shutil.get_terminal_size((100, 40)).columns, color,
                       sections=("capacity", "fabrics")), color=color)
@@ -244,17 +310,29 @@ def keys() -> None:
 @click.argument("name")
 @click.pass_context
 def keys_create(ctx: click.Context, name: str) -> None:
-    result = client(ctx.parent).post("/api/v1/keys", {"name": name})  # type: ignore[arg-type]
-    click.echo(f"API key {result['name']} (shown once; store it now):")
-    click.echo(result["key"])
+    result = client(ctx.parent).post(  # type: ignore[arg-type]
+        "/api/v1/keys", {"name": name}, answer=messages.KeyCreated)
+    say(f"API key {result['name']} (shown once; store it now):")
+    say(result["key"])
 
 
 @keys.command("list")
 @output_option
 @click.pass_context
 def keys_list(ctx: click.Context, fmt: str) -> None:
-    data = client(ctx.parent).get("/api/v1/keys")  # type: ignore[arg-type]
-    emit(data, [(k["name"], ago(k["created"])) for k in data["keys"]], ("NAME", "CREATED"), fmt)
+    data = client(ctx.parent).get(  # type: ignore[arg-type]
+        "/api/v1/keys", answer=messages.Keys)
+    show(data, [(k["name"], ago(k["created"])) for k in data["keys"]], ("NAME", "CREATED"), fmt)
+
+
+@keys.command("delete")
+@click.argument("name")
+@click.pass_context
+def keys_delete(ctx: click.Context, name: str) -> None:
+    """Delete API key NAME: routers refuse it from their next routes refresh (about a
+    second: LLMGW_REFRESH_INTERVAL_S)."""
+    client(ctx).request("DELETE", f"/api/v1/keys/{part(name)}")
+    say(f"API key {name} deleted; routers refuse it from their next routes refresh")
 
 
 def status_args(argv: list[str]) -> list[str]:

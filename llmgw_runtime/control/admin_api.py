@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, current_app, g, jsonify, request
 
 from .. import catalog
 from ..errors import ConflictError, NotFoundError, ValidationError
@@ -146,3 +146,69 @@ def list_keys() -> Any:
         rows = repo.accounts_of_kind(conn, "api_key")
     return jsonify({"keys": [{"name": r.name.removeprefix("key:"), "created": r.created}
                              for r in rows]})
+
+
+# ---------------------------------------------------------------- revocation
+
+
+def _by() -> str:
+    """Who asks, for the event: the admin account (API) or the console user."""
+    return f"{g.get('principal', 'an operator')} (admin API)"
+
+
+@bp.delete("/keys/<path:name>")
+@require("admin")
+def delete_key(name: str) -> Any:
+    """Delete the API key ``name``; routers refuse it from their next routes refresh."""
+    with store().begin() as conn:
+        if not repo.delete_account(conn, f"key:{name}", "api_key"):
+            raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
+                                "list`")
+        repo.add_event(conn, clock(), "key", name, f"API key deleted by {_by()}")
+    return jsonify({"deleted": name})
+
+
+@bp.post("/nodes/<path:name>/reset")
+@require("admin")
+def reset_node(name: str) -> Any:
+    """Forget the node's credential: its (reinstalled) host joins again with the join
+    token, and whatever holds the old credential can no longer report."""
+    with store().begin() as conn:
+        if not repo.reset_node_credential(conn, name):
+            raise NotFoundError(f"there is no node named {name!r}; see `llmgw ctl nodes`")
+        repo.add_event(conn, clock(), "node", name,
+                       f"credential reset by {_by()}: the old credential is refused; the "
+                       "host joins again with the join token")
+    return jsonify({"node": name, "credential": None})
+
+
+@bp.delete("/nodes/<path:name>")
+@require("admin")
+def delete_node(name: str) -> Any:
+    """Delete a node that is gone, with the replicas that used it (the reconciler places
+    them again elsewhere). A node that reported within the node timeout is refused unless
+    ``?force=true``: its agent looks alive and would join again at once."""
+    force = request.args.get("force", "false").lower() in ("1", "true", "yes")
+    timeout = current_app.config["LLMGW"].node_timeout_s
+    with store().begin() as conn:
+        now = clock()
+        row = repo.get_node(conn, name)
+        if row is None:
+            raise NotFoundError(f"there is no node named {name!r}; see `llmgw ctl nodes`")
+        silent = None if row.last_report is None else now - row.last_report
+        if silent is not None and silent <= timeout and not force:
+            raise ConflictError(
+                f"node {name!r} reported {max(0.0, silent):.0f} s ago (within the node "
+                f"timeout of {timeout:g} s): its agent looks alive, and a live agent whose "
+                "node is deleted joins again with the join token at once, as a new node. "
+                f"Stop the agent on {name} first, wait {timeout:g} s and delete it again; "
+                "or pass --force (?force=true) to delete it now")
+        gone = repo.delete_node(conn, name) or []
+        for rep in gone:
+            repo.add_event(conn, now, "stop", rep.model,
+                           f"replica {rep.id} deleted with node {name}; it is placed "
+                           "again elsewhere")
+        repo.add_event(conn, now, "node", name,
+                       f"node deleted by {_by()}" + (" (forced)" if force else "")
+                       + f" with {len(gone)} replica(s) that used it")
+    return jsonify({"deleted": name, "replicas": [r.id for r in gone]})

@@ -31,7 +31,11 @@ def bootstrap(store: Store, config: ControlConfig, out: TextIO | None = None) ->
         for name, kind, field in SECRETS:
             given = getattr(config, field)
             if given:
-                repo.put_account(conn, name, kind, hash_token(given), now)
+                if repo.put_account(conn, name, kind, hash_token(given), now):
+                    repo.add_event(conn, now, "token", name,
+                                   f"the {name} token was rotated at start-up; the old one "
+                                   "is refused" + (" and its console sessions ended"
+                                                   if kind == "admin" else ""))
             elif not repo.account_exists(conn, name):
                 token = new_token(kind)
                 repo.put_account(conn, name, kind, hash_token(token), now)

@@ -28,7 +28,7 @@ from ..status import render
 from ..status.summary import device_label, node_alive
 from ..store import repo
 from . import console_auth as auth
-from . import status_api
+from . import status_api, throttle
 from .admin_api import models_out, unpark
 from .web import clock, store
 
@@ -141,13 +141,27 @@ def login() -> Any:
         note = next((v for k, v in notes.items() if request.args.get(k)), None)
         return page("login.html", "Log in", refresh=False, next=target, note=note)
     auth.check_origin()
-    account, problem = auth.admin_of(request.form.get("token", ""))
-    if account is None:
+    wait = auth.login_wait()
+    if wait > 0:
+        resp = page("login.html", "Log in", status=429, refresh=False, next=target,
+                    error=f"too many failed logins from your address; wait "
+                          f"{throttle.retry_after(wait)} s, then try again")
+        resp.headers["Retry-After"] = throttle.retry_after(wait)
+        return resp
+    token = request.form.get("token", "")
+    account, problem = auth.admin_of(token)
+    done: Any = redirect(target, 303)
+    started = auth.start_session(done, token) if account is not None else None
+    if started is None:
+        problem = problem or "that admin token was just replaced; use the new one"
+        if token.strip():                # a guess (an empty form is not)
+            auth.login_failed()
         log.warning("console login refused from %s: %s", request.remote_addr,
                     problem.split(";")[0])
         return page("login.html", "Log in", status=401, refresh=False, next=target,
                     error=problem)
-    return auth.start_session(redirect(target, 303), account)  # type: ignore[arg-type]
+    auth.login_succeeded()
+    return started
 
 
 @bp.post("/console/logout")
@@ -187,7 +201,8 @@ def nodes() -> Any:
             **node, "alive": node_alive(node, now, config.node_timeout_s),
             "devs": [{**d, "label": device_label(d)} for d in node["devices"]],
             "bad_cards": [c for c in hardware.get("cards", []) if c.get("problem")],
-            "problems": hardware.get("problems", []) if not node["devices"] else []})
+            "problems": ([node["problem"]] if node.get("problem") else [])
+            + (hardware.get("problems", []) if not node["devices"] else [])})
     return page("nodes.html", "Nodes", nodes=shown, paging=pager, q=query)
 
 

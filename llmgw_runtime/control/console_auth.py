@@ -20,6 +20,7 @@ from flask import Response, current_app, g, redirect, request
 from ..errors import ForbiddenError
 from ..security import hash_token
 from ..store import repo, sessions
+from . import throttle
 from .web import clock, store
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,14 @@ def session_id() -> str:
 
 def safe_next(target: str | None) -> str:
     """Where to go after login: a console path on this site, nothing else (no open
-    redirect to another host)."""
-    if not target:
+    redirect to another host). Anything odd (a control character such as a newline, which
+    no Location header may carry; a URL that does not parse) goes to the console's home."""
+    if not target or any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f for c in target):
         return HOME
-    parts = urlsplit(target)
+    try:
+        parts = urlsplit(target)
+    except ValueError:                       # e.g. "//[" (a broken IPv6 host)
+        return HOME
     if parts.scheme or parts.netloc or "\\" in target or target.startswith("//") \
             or not (parts.path == PATH or parts.path.startswith(HOME)):
         return HOME
@@ -131,16 +136,45 @@ def admin_of(token: str) -> tuple[str | None, str]:
     return str(account.name), ""
 
 
-def start_session(resp: Response, account: str) -> Response:
-    """Store a new session for ``account`` (dropping expired ones) and set its cookie."""
+def start_session(resp: Response, token: str) -> Response | None:
+    """Store a new session for the admin whose token this is (dropping expired ones) and
+    set its cookie; None if the token no longer matches an admin (rotated meanwhile)."""
     with store().begin() as conn:
         now = clock()
         sessions.prune(conn, now)
-        raw, _ = sessions.create(conn, account, now, lifetime_s())
+        made = sessions.create_for_token(conn, hash_token(token.strip()), now, lifetime_s())
+    if made is None:
+        return None
+    raw, session = made
     resp.set_cookie(COOKIE, raw, max_age=int(lifetime_s()), path=PATH,
                     secure=request.is_secure, httponly=True, samesite="Strict")
-    log.info("console login: %s from %s", account, request.remote_addr)
+    log.info("console login: %s from %s", session.account, request.remote_addr)
     return resp
+
+
+def address() -> str:
+    """The client address logins are counted by: the TCP peer (X-Forwarded-For is not
+    trusted: a client could name any address in it)."""
+    return request.remote_addr or "-"
+
+
+def login_wait() -> float:
+    """Seconds this address must wait before it may try to log in again (0: now). The
+    console shares the bearer-token check's throttle: both guess admin tokens."""
+    return throttle.of(current_app.extensions).wait_s(address(), clock())
+
+
+def login_failed() -> float:
+    """Count a failed login from this address; the refusal it earns now (0: none)."""
+    refused_s = throttle.of(current_app.extensions).failed(address(), clock())
+    if refused_s:
+        log.warning("repeated failed console logins from %s; refusing it for %.0f s",
+                    address(), refused_s)
+    return refused_s
+
+
+def login_succeeded() -> None:
+    throttle.of(current_app.extensions).succeeded(address())
 
 
 def end_session(resp: Response) -> Response:

@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..cli.text import clean
+
 MIN_WIDTH = 60
 SHOW_ALL_MODELS = 20       # up to this many models, every one is listed
 LIST_CAP = 10              # longer lists end with "... and N more (command)"
@@ -107,9 +109,13 @@ def capped(rows: list[Any], cap: int, more: str) -> tuple[list[Any], str | None]
 def render(summary: dict[str, Any], width: int = 100, color: bool = False,
            sections: Sequence[str] = SECTIONS) -> str:
     """The whole screen, each line at most ``max(width, 60)`` characters (plus colour codes).
-    ``sections`` picks parts by name (``ctl plan`` shows capacity and fabrics)."""
+    ``sections`` picks parts by name (``ctl plan`` shows capacity and fabrics). Every string
+    of ``summary`` is shown through ``cli.text.printable``: only our colour codes are raw."""
     width = max(width, MIN_WIDTH)
     paint = painter(color)
+    # Names and messages from the fleet: no raw escapes (newlines stay for last_line;
+    # fit() shows any left inside a line as \x0a).
+    summary = clean(summary, keep_newlines=True)
     lines: list[str] = []
     parts = {"head": head, "capacity": capacity, "fabrics": fabrics, "models": models,
              "problems": problems, "idle": idle, "store": store}
@@ -123,6 +129,7 @@ def render(summary: dict[str, Any], width: int = 100, color: bool = False,
 def fit(line: str, width: int) -> str:
     """A line too wide even after its last column was clipped (a narrow terminal): cut,
     dropping its colour rather than cutting inside a colour code."""
+    line = line.replace("\n", "\\x0a")     # one line stays one line
     plain = ANSI.sub("", line)
     return line if len(plain) <= width else plain[:width - 1] + "…"
 

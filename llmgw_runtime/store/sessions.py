@@ -62,3 +62,24 @@ def prune(conn: Connection, now: float) -> int:
     """Delete every expired session; how many."""
     result = conn.execute(console_sessions.delete().where(console_sessions.c.expires <= now))
     return int(result.rowcount)
+
+
+def create_for_token(conn: Connection, token_hash: str, now: float,
+                     lifetime_s: float) -> tuple[str, Session] | None:
+    """A new session for the admin account whose token hashes to ``token_hash``, or None
+    if there is none (any more). The account row stays locked to the end of the
+    transaction (PostgreSQL), so a token rotated meanwhile either refuses this login or
+    ends the session it made (``end_all``): no session outlives the token it came from."""
+    row = conn.execute(sa.select(accounts.c.name)
+                       .where(accounts.c.token_hash == token_hash)
+                       .where(accounts.c.kind == "admin").with_for_update()).first()
+    if row is None:
+        return None
+    return create(conn, row.name, now, lifetime_s)
+
+
+def end_all(conn: Connection, account: str) -> int:
+    """End every session of ``account`` (its token changed); how many."""
+    result = conn.execute(console_sessions.delete()
+                          .where(console_sessions.c.account == account))
+    return int(result.rowcount)

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
+from werkzeug.serving import make_server
 
 from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.bootstrap import bootstrap
@@ -49,3 +53,17 @@ def api(store: Store, tmp_path: Path) -> Iterator[Api]:
     bootstrap(store, config)
     app = create_app(config, store_=store)
     yield Api(app.test_client(), store, config)
+
+
+@contextlib.contextmanager
+def served(app: Flask) -> Iterator[str]:
+    """``app`` on a loopback port in a thread (real HTTP, for ``ctl`` and a router);
+    yields its URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.shutdown()
+        thread.join(5)

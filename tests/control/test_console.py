@@ -118,6 +118,20 @@ def test_login_goes_back_to_the_page_asked_for_and_never_off_site(fleet: Api) ->
         assert resp.location == "/console/", bad
 
 
+@pytest.mark.parametrize("bad", [
+    "/console/nodes\nSet-Cookie: x=1", "/console/\r\nLocation: https://evil.example",
+    "/console/\x00", "/console/\x7f", "/console/\x85", "/console/\x1b[2J", "http://[",
+    "//[::1", "\n"])
+def test_a_bad_next_target_goes_home_never_a_500(fleet: Api, bad: str) -> None:
+    page = fleet.client.get("/console/login", query_string={"next": bad})
+    assert page.status_code == 200
+    assert 'name="next" value="/console/"' in page.get_data(as_text=True)
+    resp = fleet.client.post("/console/login", data={"token": ADMIN, "next": bad})
+    assert resp.status_code == 303 and resp.location == "/console/", repr(bad)
+    again = fleet.client.get("/console/login", query_string={"next": bad})
+    assert again.status_code == 302 and again.location == "/console/"
+
+
 def test_retry_without_the_right_csrf_token_is_refused_and_changes_nothing(
         fleet: Api) -> None:
     login(fleet)

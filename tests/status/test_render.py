@@ -93,3 +93,30 @@ def test_an_empty_fleet_says_what_to_do() -> None:
     text = render(summary.build([], [], [], NOW), 80)
     assert "capacity: no devices reported" in text
     assert "llmgw ctl apply -f catalog.yml" in text
+
+
+EVIL = "\x1b[2J"          # clears the operator's screen if printed raw
+
+
+def test_names_and_messages_with_escape_sequences_are_shown_escaped() -> None:
+    from tests.status.builders import mig, model, node, replica
+
+    models, nodes, replicas = small_fleet()
+    models.append(model(f"m{EVIL}", state="parked", ready=0, failures=5,
+                        last_error=f"first\nboom{EVIL}\x07\x9b31m"))
+    nodes.append(node(f"n{EVIL}\u202e", mig(0, 1), fabric=f"ib{EVIL}", hardware={"cards": [
+        {"index": 1, "klass": "a100-80g", "problem": f"no MIG{EVIL}",
+         "hint": f"carve\r\n{EVIL}"}]}))
+    replicas.append(replica(f"r{EVIL}", f"m{EVIL}", f"n{EVIL}\u202e", [1001],
+                            last_used_ago=7200))
+    data = summary.build(models, nodes, replicas, NOW, 30.0, idle_after_s=900)
+    for color in (False, True):
+        text = render(data, 200, color)
+        plain = ANSI.sub("", text)            # only our own colour codes may be raw
+        assert "\x1b" not in plain and "\x07" not in text and "\x9b" not in text
+        assert "\r" not in text and "\u202e" not in text
+        assert "m\\x1b[2J" in plain and "n\\x1b[2J\\u202e card 1: no MIG\\x1b[2J" in plain
+        assert "ib\\x1b[2J" in plain and "r\\x1b[2J" in plain
+        assert "boom\\x1b[2J\\x07\\x9b31m" in plain    # the last line of the error
+        assert "carve\\x0d" in plain
+    assert all(len(line) <= 200 for line in render(data, 200).splitlines())

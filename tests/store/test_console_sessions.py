@@ -1,5 +1,6 @@
 """Console sessions in the store, on both backends: only the id's hash is stored, expiry,
-logout, pruning, and a session ends when its account is no longer an admin."""
+logout, pruning, and a session ends when its account is no longer an admin, is deleted,
+or gets a new token."""
 
 from __future__ import annotations
 
@@ -72,3 +73,46 @@ def test_a_session_ends_when_its_account_is_not_an_admin(store: Store) -> None:
     admin(store, "ops", kind="router")
     with store.begin() as conn:
         assert sessions.get(conn, raw, 1.0) is None
+
+
+def test_a_new_token_for_an_account_ends_its_sessions_and_only_its(store: Store) -> None:
+    admin(store, "admin")
+    admin(store, "ops")
+    with store.begin() as conn:
+        mine, _ = sessions.create(conn, "admin", 0.0, 1000)
+        theirs, _ = sessions.create(conn, "ops", 0.0, 1000)
+    admin(store, "admin")                           # the same token again: nothing ends
+    with store.begin() as conn:
+        assert sessions.get(conn, mine, 1.0) is not None
+        repo.put_account(conn, "admin", "admin", hash_token("rotated"), 2.0)
+    with store.begin() as conn:
+        assert sessions.get(conn, mine, 3.0) is None
+        assert sessions.get(conn, theirs, 3.0) is not None
+
+
+def test_a_session_is_made_only_for_a_current_admin_token(store: Store) -> None:
+    admin(store, "admin")
+    admin(store, "router", kind="router")
+    with store.begin() as conn:
+        made = sessions.create_for_token(conn, hash_token("token-of-admin"), 0.0, 100)
+        assert sessions.create_for_token(conn, hash_token("token-of-router"), 0.0, 100) \
+            is None
+        assert sessions.create_for_token(conn, hash_token("old"), 0.0, 100) is None
+    assert made is not None
+    raw, session = made
+    with store.begin() as conn:
+        assert sessions.get(conn, raw, 1.0) == session and session.account == "admin"
+
+
+def test_deleting_an_account_ends_its_sessions(store: Store) -> None:
+    admin(store, "key:ci", kind="api_key")
+    admin(store, "admin")
+    with store.begin() as conn:
+        raw, _ = sessions.create(conn, "admin", 0.0, 1000)
+        assert not repo.delete_account(conn, "admin", "api_key")   # wrong kind: kept
+        assert sessions.get(conn, raw, 1.0) is not None
+        assert repo.delete_account(conn, "key:ci", "api_key")
+        assert not repo.delete_account(conn, "key:ci", "api_key")
+        assert repo.delete_account(conn, "admin", "admin")
+        assert sessions.get(conn, raw, 1.0) is None
+        assert repo.accounts_of_kind(conn, "api_key") == []
