@@ -38,6 +38,8 @@ system-deps:
 	command -v patroni >/dev/null || missing="$$missing patroni"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	command -v ssh-keyscan >/dev/null || missing="$$missing openssh-client"; \
+	test -x /usr/sbin/sshd || missing="$$missing openssh-server"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,22 @@ class AgentConfig:
     @property
     def credential_path(self) -> Path:
         return Path(self.state_dir).expanduser() / "credential"
+
+    def prepare_state_dir(self) -> Path:
+        """The state directory for this user only (it holds the node credential, engine
+        records and logs, downloaded weights): a new one is 0700; an existing one open to
+        others or writable by its group becomes 0700, a group-read one (0750, as the
+        Ansible role makes it) is kept."""
+        path = Path(self.state_dir).expanduser()
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o027:
+            try:
+                path.chmod(0o700)
+            except PermissionError:
+                logging.getLogger(__name__).warning(
+                    "%s is %o and not this user's to tighten: chmod 700 %s", path, mode, path)
+        return path
 
 
 def load_config(**explicit: Any) -> AgentConfig:

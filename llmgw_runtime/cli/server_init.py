@@ -2,7 +2,8 @@
 Patroni + etcd, playbooks/store.yml) and move the store in use into it.
 
 The steps, each checked before it runs, so a re-run on a cluster that is up changes
-nothing: the hosts and the inventory; what Patroni says now; the playbook; a healthy
+nothing: the hosts, their ssh host keys (ssh itself refuses an unknown or changed key,
+before anything is written anywhere) and the inventory; what Patroni says now; the playbook; a healthy
 cluster and a working login; the copy (or "already there"); the switch of the control
 service's env file. Anything that fails before the switch leaves the old store in use.
 The decisions live in ``store/patroni.py``, ``store/move.py``, ``store/switch.py`` and
@@ -26,7 +27,7 @@ from ..store import patroni
 from ..store.db import Store, redact_url
 from ..store.members import rest_url
 from ..store.move import MoveError, backup_sqlite, move, snapshot
-from ..store.playbook import failure_report, run_playbook
+from ..store.playbook import SshTrust, check_host_keys, failure_report, run_playbook
 from ..store.switch import (
     DATABASE_KEY,
     ServiceControl,
@@ -120,12 +121,27 @@ def _switch(env_path: Path, env_text: str, url: str, svc: ServiceControl,
                    f"cluster: {svc.hint()}")
 
 
+def _check_ssh(hosts: list[patroni.StoreHost], ssh: SshTrust, rerun: str) -> None:
+    """Refuse, before anything is written anywhere, a host ssh does not trust."""
+    problems = check_host_keys(hosts, ssh)
+    if problems:
+        raise InitError(
+            "ssh refuses the store host(s) below, so nothing was done: no host was "
+            "touched, no password made, the env file and the store in use are as they "
+            "were.\n  " + "\n  ".join(p.message for p in problems)
+            + f"\nThen re-run `{rerun}`.")
+    click.echo("ssh host keys: every store host's key is the one known_hosts holds "
+               f"({', '.join(h.host for h in hosts)})")
+
+
 def run_init(hosts_text: tuple[str, ...], *, current: Current, env_path: Path,
              playbooks: Path | None, settings: patroni.StoreSettings, connection: str,
-             url_hosts: str | None, wait_s: float, svc: ServiceControl) -> None:
+             url_hosts: str | None, wait_s: float, svc: ServiceControl,
+             ssh: SshTrust | None = None) -> None:
     rerun = "llmgw server init --patroni " + " ".join(hosts_text)
+    ssh = ssh or SshTrust()
 
-    _step(1, "hosts, inventory, passwords")
+    _step(1, "hosts, ssh host keys, inventory, passwords")
     hosts = patroni.parse_hosts(list(hosts_text))
     witness = socket.gethostname()
     if any(h.name.lower() == witness.lower() for h in hosts):
@@ -141,6 +157,8 @@ def run_init(hosts_text: tuple[str, ...], *, current: Current, env_path: Path,
     problem = check_writable(env_path)
     if problem:
         raise ConfigError(problem)
+    if connection == "ssh":
+        _check_ssh(hosts, ssh, rerun)
     pw_path = current.state_dir / patroni.PASSWORDS_FILE
     passwords, created = patroni.load_or_create_passwords(pw_path)
     click.echo(f"store passwords {'made and kept' if created else 'reused from'} "
@@ -169,7 +187,7 @@ def run_init(hosts_text: tuple[str, ...], *, current: Current, env_path: Path,
     _step(3, f"playbook {playbook}")
     secrets = list(passwords.values())
     outcome = run_playbook(playbook, inv, patroni.extravars(settings, passwords), click.echo,
-                           secrets=secrets)
+                           secrets=secrets, ssh=ssh)
     if not outcome.ok:
         raise InitError("the playbook failed:\n" + failure_report(outcome, rerun))
     click.echo(f"playbook done: {outcome.summary()}")
@@ -287,6 +305,12 @@ class _Closing:
 @click.option("--patroni-rest-port", type=int, default=8008, show_default=True)
 @click.option("--etcd-port", type=int, default=2379, show_default=True)
 @click.option("--scope", default="llmgw", show_default=True, help="the Patroni cluster name")
+@click.option("--known-hosts", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="the known_hosts file ssh checks the store hosts' keys against "
+                   "[ssh's own: ~/.ssh/known_hosts, /etc/ssh/ssh_known_hosts]")
+@click.option("--ssh-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              default=None, help="a private key to log in to the store hosts with "
+                                 "[ssh's own: ssh-agent, ~/.ssh/id_*]")
 @click.option("--wait", "wait_s", type=float, default=120.0, show_default=True,
               help="seconds to wait for a healthy cluster after the playbook")
 @click.option("--connection", default="ssh", hidden=True,
@@ -295,11 +319,14 @@ class _Closing:
               help="TESTS ONLY: HOST:PORT,... in the cluster URL instead of the store hosts")
 @click.pass_context
 def init(ctx: click.Context, patroni_: bool, hosts: tuple[str, ...], playbooks: Path | None,
-         env_file: Path, store_database: str, store_port: int, patroni_rest_port: int, etcd_port: int, scope: str,
+         env_file: Path, store_database: str, store_port: int, patroni_rest_port: int,
+         etcd_port: int, scope: str, known_hosts: Path | None, ssh_key: Path | None,
          wait_s: float, connection: str, store_url_hosts: str | None) -> None:
     """Set up the replicated store on the given hosts and move the store in use into it.
 
-    Runs playbooks/store.yml over ssh (PostgreSQL 15, Patroni and etcd on each host; this
+    First checks each host's ssh host key with ssh itself: an unknown or changed key stops
+    it before anything changes, saying the command that accepts the key. Then runs
+    playbooks/store.yml over ssh (PostgreSQL 15, Patroni and etcd on each host; this
     host adds an etcd vote), copies every row of the store in use (SQLite) into the
     cluster, checks the counts, keeps the old file as a backup, and points the control
     service at the cluster. Safe to re-run: a cluster that is up changes nothing."""
@@ -318,6 +345,8 @@ def init(ctx: click.Context, patroni_: bool, hosts: tuple[str, ...], playbooks: 
         run_init(hosts, current=current, env_path=env_path,
                  playbooks=playbooks or default_playbooks(), settings=settings,
                  connection=connection, url_hosts=store_url_hosts, wait_s=wait_s,
-                 svc=service_control())
+                 svc=service_control(),
+                 ssh=SshTrust(known_hosts=known_hosts and known_hosts.expanduser().absolute(),
+                              identity=ssh_key and ssh_key.expanduser().absolute()))
     except LlmgwError as exc:
         raise click.ClickException(str(exc)) from None

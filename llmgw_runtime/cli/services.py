@@ -38,8 +38,10 @@ def server(ctx: click.Context, **flags: Any) -> None:
     config = friendly(lambda: settings.load(ControlConfig, **flags))
     ctx.obj = config
     if ctx.invoked_subcommand is None:
+        from ..control.config import private_dir
         from ..control.serve import run
 
+        private_dir(config.state_dir)          # the SQLite store's directory: 0700
         friendly(lambda: run(config))
 
 
@@ -47,8 +49,10 @@ def server(ctx: click.Context, **flags: Any) -> None:
 @click.pass_obj
 def migrate(config: Any) -> None:
     """Apply the store's migrations and exit."""
+    from ..control.config import private_dir
     from ..store import Store
 
+    private_dir(config.state_dir)
     revision = friendly(lambda: Store(config.store_url).migrate())
     click.echo(f"store migrated to revision {revision}")
 
@@ -75,6 +79,7 @@ def agent(**flags: Any) -> None:
 
     flags["weights_dirs"] = tuple(flags["weights_dirs"]) or None
     config = friendly(lambda: settings.load(AgentConfig, **flags))
+    config.prepare_state_dir()     # its credential, engine records and logs: 0700
     friendly(lambda: run(config))
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from ..control.config import default_state_dir
+from ..control.config import default_state_dir, private_dir
 from ..security import new_token
 from .client import Client
 
@@ -29,12 +29,47 @@ DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def _secret(path: Path, kind: str) -> str:
     if path.is_file():
+        path.chmod(0o600)
         return path.read_text().strip()
     token = new_token(kind)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")
     return token
+
+
+def private_file(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
+    """Open ``path`` for this user only: created 0600, an existing one made 0600."""
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def prepare_state(state: Path) -> tuple[Path, dict[str, str]]:
+    """The state directory (0700, tightened if it exists), its logs directory (0700) and
+    the tokens in ``secrets/`` (0600, made once); returns (logs dir, tokens)."""
+    private_dir(state)
+    logs = private_dir(state / "logs")
+    secrets = private_dir(state / "secrets")
+    tokens = {kind: _secret(secrets / f"{kind}-token", kind)
+              for kind in ("admin", "join", "router")}
+    return logs, tokens
+
+
+def stored_catalog(state: Path, given: Path | None) -> str:
+    """The catalog to apply: ``given``, else the one kept in the state dir, else the demo
+    catalog (then kept there); the kept file is 0600."""
+    catalog_file = state / "catalog.yaml"
+    if given is not None:
+        return given.read_text()
+    if catalog_file.is_file():
+        catalog_file.chmod(0o600)
+        return catalog_file.read_text()
+    text = demo_catalog()
+    with os.fdopen(private_file(catalog_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                   "w") as fh:
+        fh.write(text)
+    return text
 
 
 def demo_model_path() -> Path:
@@ -83,7 +118,7 @@ def _die_with_parent() -> None:
 class Child:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.name, self.log = name, log
-        self.fh = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.fh = os.fdopen(private_file(log), "ab")  # closed in stop()
         self.proc = subprocess.Popen(argv, env=env, stdout=self.fh, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
 
@@ -182,21 +217,8 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
        router_port: int, ready_timeout: float) -> None:
     """Run llmgw on this machine: control service, router and agent, with a demo model."""
     state = (state_dir or default_state_dir()).resolve()
-    secrets = state / "secrets"
-    logs = state / "logs"
-    for path in (state, logs):
-        path.mkdir(parents=True, exist_ok=True)
-    secrets.mkdir(mode=0o700, exist_ok=True)
-    tokens = {kind: _secret(secrets / f"{kind}-token", kind)
-              for kind in ("admin", "join", "router")}
-    catalog_file = state / "catalog.yaml"
-    if catalog_path is not None:
-        catalog_text = catalog_path.read_text()
-    elif catalog_file.is_file():
-        catalog_text = catalog_file.read_text()
-    else:
-        catalog_text = demo_catalog()
-        catalog_file.write_text(catalog_text)
+    logs, tokens = prepare_state(state)
+    catalog_text = stored_catalog(state, catalog_path)
     host = "127.0.0.1"
     for name, port in (("control service", control_port), ("router", router_port)):
         if not _port_free(host, port):

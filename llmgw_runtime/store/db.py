@@ -13,6 +13,7 @@ and :meth:`Store.transaction` retries an idempotent write until a new primary an
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,10 +45,37 @@ RETRY_FOR_S = 30.0         # longer than a node-crash failover (Patroni ttl 20 s
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
+SQLITE_FILES = ("", "-wal", "-shm", "-journal")   # the database and SQLite's own files
+
+
+def _private_sqlite_file(path: Path) -> None:
+    """The store (tokens' hashes, the catalog, the fleet) readable by its owner only: the
+    database is created 0600 before SQLite opens it (its -wal and -shm files take its
+    mode), and an existing one and its files are made 0600. Its directory, when made
+    here, is 0700."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # O_EXCL: never an extra descriptor on an existing database, whose close would drop
+    # this process's SQLite locks on it (POSIX locks are per process and file).
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError:
+        return                      # not ours to create: SQLite says why when it opens it
+    for suffix in SQLITE_FILES:
+        extra = path.with_name(path.name + suffix)
+        try:
+            if extra.exists() and extra.stat().st_mode & 0o077:
+                extra.chmod(0o600)
+        except OSError as exc:
+            log.warning("%s cannot be made 0600 (%s): make it readable by its owner only",
+                        extra, exc)
+
+
 def _sqlite_engine(url: str) -> Engine:
     path = url.split("sqlite:///", 1)[1] if url.startswith("sqlite:///") else ""
-    if path and path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if path and path != ":memory:" and not path.startswith("file:"):
+        _private_sqlite_file(Path(path.split("?", 1)[0]))
     engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")

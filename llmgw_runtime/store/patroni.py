@@ -204,7 +204,7 @@ def load_or_create_passwords(path: Path) -> tuple[dict[str, str], bool]:
             raise ConfigError(f"{path} lacks {', '.join(missing)}; restore it from a backup")
         os.chmod(path, 0o600)
         return {k: data[k] for k in PASSWORD_KEYS}, False
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)   # a new state dir: 0700
     passwords = {k: secrets.token_urlsafe(24) for k in PASSWORD_KEYS}
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -261,6 +261,7 @@ def test_the_test_only_options_are_hidden_from_help() -> None:
     result = CliRunner().invoke(cli, ["server", "init", "--help"])
     assert result.exit_code == 0 and "--playbooks" in result.output
     assert "--connection" not in result.output and "--store-url-hosts" not in result.output
+    assert "--known-hosts" in result.output and "--ssh-key" in result.output
     assert "/etc/llmgw/control.env" in result.output
 
 
