@@ -23,6 +23,7 @@ from typing import Any
 
 import urllib3
 
+from ..api.states import ReportedState
 from ..engines import EngineDriver
 from ..engines.base import DEVICE_VARIABLES, LaunchSpec, peers_of
 from ..errors import LlmgwError
@@ -31,7 +32,9 @@ from .procs import free_port, pid_alive, proc_start_time, tail_lines
 
 log = logging.getLogger(__name__)
 
-FETCHING, STARTING, READY, FAILED, STOPPED = "fetching", "starting", "ready", "failed", "stopped"
+FETCHING, STARTING, READY, FAILED, STOPPED = (
+    ReportedState.FETCHING, ReportedState.STARTING, ReportedState.READY, ReportedState.FAILED,
+    ReportedState.STOPPED)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 

@@ -13,6 +13,7 @@ from flask import Blueprint, current_app, g, jsonify, request
 
 from ..api.agent import JoinAnswer, JoinRequest, Report
 from ..api.parse import parse_json
+from ..api.states import LIVE_REPLICA_STATES
 from ..errors import ConflictError, ForbiddenError
 from ..security import hash_token, new_token
 from ..store import repo
@@ -105,7 +106,7 @@ def _apply_heads(conn: Any, heads: list[Any], reported: dict[str, Any],
             if not row.desired:
                 repo.delete_replica(conn, row.id)        # stopped as asked
                 gone.add(row.id)
-            elif row.state in ("fetching", "starting", "ready"):
+            elif row.state in LIVE_REPLICA_STATES:
                 repo.update_replica(
                     conn, row.id, state="failed", updated=now,
                     last_error=f"the agent on {row.node} no longer runs this replica")

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from ..api.states import ReplicaState
 from ..errors import AuthError
 from ..security import bearer
 from ..status.summary import device_label
@@ -36,7 +37,7 @@ from .states import model_state, wanted_replicas
 
 log = logging.getLogger(__name__)
 
-REPLICA_STATES = ("pending", "fetching", "starting", "ready", "failed", "stopping")
+REPLICA_STATES = tuple(ReplicaState)
 MIB = 1024 * 1024
 # (metric, help, device field, factor): skipped when the device reports null
 _DEVICE_GAUGES = (

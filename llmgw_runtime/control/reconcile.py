@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from ..api.states import ReplicaState
 from ..errors import StoreError
 from ..placement import place
 from ..store import Store, repo
@@ -138,7 +139,7 @@ def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
             continue
         part_failure = _part_failure(parts.get(rep.id, []))
         if rep.state == "failed" or part_failure or (
-                rep.state in ("pending", "starting")
+                rep.state in (ReplicaState.PENDING, ReplicaState.STARTING)
                 and now - rep.started > config.start_timeout_s):
             message = part_failure or rep.last_error or (
                 f"not ready within {config.start_timeout_s:.0f} s of being placed on "

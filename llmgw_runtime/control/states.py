@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..api.states import ReplicaState
+
 PARK_AFTER = 5                 # start failures in a row
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
@@ -69,7 +71,7 @@ def model_state(model: Any, replicas: list[Any], now: float) -> ModelState:
         return ModelState(model.name, "ready", None, ready, wanted)
     if model.placement_reason:
         return ModelState(model.name, "unplaceable", model.placement_reason, 0, wanted)
-    if any(r.state in ("pending", "starting") for r in live):
+    if any(r.state in (ReplicaState.PENDING, ReplicaState.STARTING) for r in live):
         return ModelState(model.name, "starting", None, 0, wanted)
     if model.on_demand:
         if model.activated_at is None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..api.states import LIVE_REPLICA_STATES, ReplicaState
 from ..catalog import ModelSpec
 
-ACTIVE = ("pending", "fetching", "starting", "ready")
+ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
 CPU_CLASS = "cpu"
 # A shared device (the CPU, or a GPU whose replicas declare memory_gb) runs at most this many
 # replicas, whatever their memory: each is an engine process with its own threads, and a CPU

@@ -14,6 +14,7 @@ from flask import Blueprint, Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ..api.jsonlimits import JsonTooDeep, loads_bounded
+from ..api.states import ModelState
 from ..security import bearer, hash_token
 from ..settings import load
 from .balancer import Balancer
@@ -38,7 +39,7 @@ from .routes import ControlClient, ModelRoute, RoutesCache, RoutesTable
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-_ACTIVATE_STATES = ("starting", "activating", "idle")
+_ACTIVATE_STATES = (ModelState.STARTING, ModelState.ACTIVATING, ModelState.IDLE)
 MAX_JSON_DEPTH = 64        # arrays and objects in a request body
 MAX_MODEL_NAME = 200       # characters of 'model', as catalog names
 # In the WSGI environ once the whole request body is read: serve.py's gunicorn hook closes

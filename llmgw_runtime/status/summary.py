@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ..api.states import LIVE_REPLICA_STATES, ReplicaState
 from ..devices.model import label
 from ..weights.scan import held_sources
 
-ACTIVE = ("pending", "fetching", "starting", "ready")
+ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
 NO_FABRIC = "(none)"
 SCHEMA = 1                      # bump when a field changes meaning or goes away
 
