@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
+from pathlib import Path
 
 PREFIXES = {"admin": "llmgw-admin-", "api_key": "sk-llmgw-", "join": "llmgw-join-",
             "router": "llmgw-router-", "node": "llmgw-node-"}
@@ -42,3 +44,21 @@ def redact(token: str | None) -> str:
     if not token:
         return "<none>"
     return token[: min(len(token), 12)] + "…"
+
+
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and missing parents) for this user only: a new directory is 0700; an
+    existing one open to others or writable by its group becomes 0700, while a group-read
+    one (0750, as the Ansible roles make /var/lib/llmgw) is kept. State directories hold
+    the store, tokens and logs."""
+    path = Path(path).expanduser()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o027:
+        try:
+            path.chmod(0o700)
+        except PermissionError:
+            logging.getLogger(__name__).warning("%s is %o and not this user's to tighten: make it 0700 (chmod 700 "
+                        "%s) so only its owner reads the store, tokens and logs",
+                        path, mode, path)
+    return path

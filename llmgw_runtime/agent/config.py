@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 from .. import settings, tls
 from ..devices import SOURCES
+from ..security import private_dir
 
 
 def _default_state_dir() -> Path:
@@ -87,16 +87,7 @@ class AgentConfig:
         records and logs, downloaded weights): a new one is 0700; an existing one open to
         others or writable by its group becomes 0700, a group-read one (0750, as the
         Ansible role makes it) is kept."""
-        path = Path(self.state_dir).expanduser()
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o027:
-            try:
-                path.chmod(0o700)
-            except PermissionError:
-                logging.getLogger(__name__).warning(
-                    "%s is %o and not this user's to tighten: chmod 700 %s", path, mode, path)
-        return path
+        return private_dir(Path(self.state_dir))
 
 
 def load_config(**explicit: Any) -> AgentConfig:

@@ -10,30 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import tls
+from ..security import private_dir as private_dir  # re-exported for cli/up.py
 
 log = logging.getLogger(__name__)
 
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("LLMGW_STATE_DIR") or ".llmgw")
-
-
-def private_dir(path: Path) -> Path:
-    """Make ``path`` (and missing parents) for this user only: a new directory is 0700; an
-    existing one open to others or writable by its group becomes 0700, while a group-read
-    one (0750, as the Ansible roles make /var/lib/llmgw) is kept. State directories hold
-    the store, tokens and logs."""
-    path = Path(path).expanduser()
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o027:
-        try:
-            path.chmod(0o700)
-        except PermissionError:
-            log.warning("%s is %o and not this user's to tighten: make it 0700 (chmod 700 "
-                        "%s) so only its owner reads the store, tokens and logs",
-                        path, mode, path)
-    return path
 
 
 @dataclass(frozen=True)
