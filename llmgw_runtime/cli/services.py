@@ -70,7 +70,7 @@ server.add_command(server_init)      # llmgw server init --patroni USER@HOST ...
 @click.option("--weights-dir", "weights_dirs", multiple=True,
               help="a directory to look for weights in and download to (repeatable)")
 @click.option("--stop-engines-on-exit", is_flag=True, default=None,
-              help="stop engines when the agent exits (llmgw up); by default they keep "
+              help="stop engines when the agent exits; by default they keep "
                    "serving and the next agent adopts them")
 def agent(**flags: Any) -> None:
     """Run the node agent: report devices, start and watch engines."""

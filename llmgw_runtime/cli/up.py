@@ -1,6 +1,8 @@
 """``llmgw up``: the all-in-one on one machine. Control service, router and one agent run as
 child processes talking HTTP, exactly as on a cluster; SQLite in the state directory; a
-demo catalog serving SmolLM2-135M-Instruct on the CPU. Ctrl-C stops everything."""
+demo catalog serving SmolLM2-135M-Instruct on the CPU. A child that dies is restarted with
+backoff (``supervise.py``); engines outlive an agent restart (the new agent adopts them).
+Ctrl-C stops everything, engines included."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import click
 from ..control.config import default_state_dir, private_dir
 from ..security import new_token
 from .client import Client
+from .supervise import RestartPolicy, Supervised, log_since
 
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -116,14 +119,32 @@ def _die_with_parent() -> None:
 
 
 class Child:
+    """One run of a child process, its output appended to ``log``; ``offset`` is where
+    this run's output starts in it (the log holds earlier runs too)."""
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.name, self.log = name, log
-        self.fh = os.fdopen(private_file(log), "ab")  # closed in stop()
+        self.fh = os.fdopen(private_file(log), "ab")  # closed in stop() or reap()
+        self.offset = os.fstat(self.fh.fileno()).st_size
         self.proc = subprocess.Popen(argv, env=env, stdout=self.fh, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def returncode(self) -> int:
+        code = self.proc.poll()
+        return 0 if code is None else code
+
+    def reap(self) -> None:
+        """After it exited: whatever it left in its process group (a gunicorn worker that
+        holds the port) is killed, its log closed. Engines run in sessions of their own,
+        so an agent's engines are not touched."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.fh.close()
 
     def stop(self, grace: float = 20.0) -> None:
         if self.alive():
@@ -135,11 +156,12 @@ class Child:
                 self.proc.wait()
         self.fh.close()
 
+    def tail_lines(self, lines: int = 15) -> list[str]:
+        """The last ``lines`` lines this run wrote to its log."""
+        return log_since(self.log, self.offset)[-lines:]
+
     def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return "\n".join(self.tail_lines(lines))
 
 
 def _wait_http(url: str, child: Child, timeout: float) -> None:
@@ -156,23 +178,33 @@ def _wait_http(url: str, child: Child, timeout: float) -> None:
                                f" see {child.log}")
 
 
-def _wait_ready(admin: Client, children: list[Child], timeout: float) -> list[dict[str, Any]]:
+def _wait_ready(admin: Client, children: list[Child], timeout: float,
+                settle_s: float = 10.0) -> list[dict[str, Any]]:
+    """Until no model is starting; ``unplaceable`` counts as not decided yet for
+    ``settle_s`` after the agent's first report (the reason may predate the report)."""
     deadline = time.monotonic() + timeout
     shown: dict[str, str] = {}
+    reported: float | None = None
     while time.monotonic() < deadline:
         for child in children:
             if not child.alive():
                 raise click.ClickException(f"the {child.name} exited:\n{child.tail()}")
-        if not any(n["last_report"] for n in admin.get("/api/v1/nodes")["nodes"]):
-            time.sleep(0.2)     # until the agent reports, every model looks unplaceable
-            continue
+        if reported is None:
+            if not any(n["last_report"] for n in admin.get("/api/v1/nodes")["nodes"]):
+                time.sleep(0.2)     # until the agent reports, every model looks unplaceable
+                continue
+            reported = time.monotonic()
+        settling = time.monotonic() - reported < settle_s
         models = admin.get("/api/v1/models")["models"]
         for m in models:
+            if settling and m["state"] == "unplaceable":
+                continue
             line = m["state"] + (f": {m['reason']}" if m["reason"] else "")
             if shown.get(m["name"]) != line:
                 click.echo(f"llmgw: model {m['name']} is {line}")
                 shown[m["name"]] = line
-        waiting = [m for m in models if m["state"] in ("starting", "activating")]
+        waiting = [m for m in models if m["state"] in ("starting", "activating")
+                   or (settling and m["state"] == "unplaceable")]
         if not waiting:
             return list(models)
         time.sleep(0.5)
@@ -200,7 +232,7 @@ Try it:
 print(c.chat.completions.create(model='{name}', messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
 
   llmgw ctl status        (the admin token is read from the state directory)
-Ctrl-C stops everything.
+A process that dies is restarted; Ctrl-C stops everything.
 """
 
 
@@ -231,51 +263,53 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
     env.update(LLMGW_ADMIN_TOKEN=tokens["admin"], LLMGW_JOIN_TOKEN=tokens["join"],
                LLMGW_ROUTER_TOKEN=tokens["router"], PYTHONUNBUFFERED="1")
     me = [sys.executable, "-m", "llmgw_runtime.cli.main"]
-    children: list[Child] = []
+    policy = RestartPolicy()
+    children: list[Supervised[Child]] = []
+
+    def supervise(name: str, args: list[str], log: str) -> Supervised[Child]:
+        child = Supervised(lambda: Child(name, me + args, env, logs / log), policy,
+                           click.echo, time.monotonic())
+        children.append(child)
+        return child
 
     def shutdown(*_: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGHUP, shutdown)    # a closed terminal stops it like Ctrl-C
     try:
         click.echo(f"llmgw: state in {state}; logs in {logs}")
-        control = Child("control service", me + [
+        control = supervise("control service", [
             "server", "--host", host, "--port", str(control_port), "--state-dir", str(state),
-            "--workers", "1"], env, logs / "control.log")
-        children.append(control)
-        _wait_http(control_url + "/healthz", control, 60)
+            "--workers", "1"], "control.log")
+        _wait_http(control_url + "/healthz", control.proc, 60)
         admin = Client(control_url, tokens["admin"])
         admin.request("PUT", "/api/v1/catalog", catalog_text.encode(), "application/yaml")
-        children.append(Child("router", me + [
+        router = supervise("router", [
             "router", "--control-url", control_url, "--host", host, "--port",
-            str(router_port), "--workers", "1", "--no-require-api-key"],
-            env, logs / "router.log"))
-        children.append(Child("agent", me + [
+            str(router_port), "--workers", "1", "--no-require-api-key"], "router.log")
+        # Without --stop-engines-on-exit: an agent that dies leaves its engines serving and
+        # the restarted one adopts them; at the end `up` stops the engines itself.
+        supervise("agent", [
             "agent", "--control-url", control_url, "--state-dir", str(state / "agent"),
-            "--devices", "cpu", "--stop-engines-on-exit"], env, logs / "agent.log"))
-        _wait_http(router_url + "/healthz", children[1], 60)
-        models = _wait_ready(admin, children, ready_timeout)
+            "--devices", "cpu"], "agent.log")
+        _wait_http(router_url + "/healthz", router.proc, 60)
+        models = _wait_ready(admin, [c.proc for c in children], ready_timeout)
         click.echo(_banner(router_url, tokens["admin"], models, control_url))
-        while all(c.alive() for c in children):
+        while True:
+            now = time.monotonic()
+            for child in children:
+                child.check(now)
             time.sleep(0.5)
-        dead = next(c for c in children if not c.alive())
-        raise click.ClickException(f"the {dead.name} exited unexpectedly:\n{dead.tail()}")
     except KeyboardInterrupt:
         click.echo("\nllmgw: stopping ...")
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for child in reversed(children):      # agent first: it stops the engines
-            child.stop()
-        _stop_leftover_engines(state / "agent")
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-    click.echo("llmgw: stopped")
-
-
-def _stop_leftover_engines(agent_state: Path) -> None:
-    """Engines are in their own sessions so an agent restart keeps them; after `up` ends,
-    none may be left. The agent stops them itself; this catches an agent that crashed."""
-    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        for child in reversed(children):      # the agent first: nothing restarts engines
+            child.proc.stop()
         from ..agent.supervisor import stop_recorded_engines
-    except ImportError:
-        return
-    stop_recorded_engines(agent_state)
+        stop_recorded_engines(state / "agent")
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    click.echo("llmgw: stopped")

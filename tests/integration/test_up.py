@@ -1,25 +1,29 @@
 """`llmgw up`: the all-in-one serves SmolLM2 through the OpenAI API, Ctrl-C leaves no
-process behind, and a second run reuses the state."""
+process behind, a second run reuses the state, and a child that dies is restarted (an
+agent's engines keep serving)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 import requests
 
 from llmgw_runtime.cli.client import Client
+from tests.integration.conftest import tiny_catalog
 from tests.support.procs import LlmgwProcess, descendants, free_port, pid_alive, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 def start_up(state: Path, control_port: int, router_port: int,
-             name: str = "up") -> LlmgwProcess:
+             name: str = "up", extra: list[str] | None = None) -> LlmgwProcess:
     proc = LlmgwProcess(name, ["up", "--control-port", str(control_port),
-                               "--router-port", str(router_port)],
+                               "--router-port", str(router_port), *(extra or [])],
                         {"LLMGW_STATE_DIR": str(state)}, state.parent)
     wait_until(lambda: "llmgw is up" in proc.log.read_text() or proc.proc.poll() is not None,
                120, "`llmgw up` to say it is up")
@@ -80,3 +84,69 @@ def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -
         again.signal(signal.SIGINT)
         again.proc.wait(60)
     assert again.proc.returncode == 0
+
+
+def child_running(parent: int, command: str) -> int | None:
+    """The pid of ``parent``'s child running ``llmgw COMMAND``, if any."""
+    for pid in descendants(parent):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"llmgw_runtime.cli.main" in argv and \
+                argv[argv.index(b"llmgw_runtime.cli.main") + 1] == command.encode():
+            return pid
+    return None
+
+
+def test_up_restarts_a_killed_agent_and_its_engine_keeps_serving(
+        tmp_path: Path, tiny_model: Path) -> None:
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True, mode=0o700)
+    marker = "MARKER-written-before-this-up-started"
+    (state / "logs" / "agent.log").write_text(f"an earlier run\n{marker}\n")
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(tiny_catalog(tiny_model))
+    control_port, router_port = free_port(), free_port()
+    up = start_up(state, control_port, router_port, extra=["--catalog", str(catalog)])
+    engine = 0
+    try:
+        admin = Client(f"http://127.0.0.1:{control_port}",
+                       (state / "secrets" / "admin-token").read_text().strip())
+        def ready_replica() -> dict[str, Any] | None:
+            reps = admin.get("/api/v1/replicas")["replicas"]
+            return reps[0] if len(reps) == 1 and reps[0]["state"] == "ready" else None
+
+        engine = wait_until(ready_replica, 60, "the tiny model's replica ready")["pid"]
+        agent = child_running(up.pid, "agent")
+        assert agent and engine and pid_alive(engine), up.tail()
+
+        os.kill(agent, signal.SIGKILL)
+        said = wait_until(lambda: [line for line in up.log.read_text().splitlines()
+                                   if line.startswith("llmgw: the agent was killed by")],
+                          30, "up to say the agent died")
+        assert len(said) == 1 and "SIGKILL (-9)" in said[0] and "restarting it in" in said[0]
+        again = wait_until(lambda: (child_running(up.pid, "agent") or 0) not in (0, agent),
+                           30, "a new agent")
+        assert again
+        wait_until(lambda: "adopted 1 running replica" in
+                   (state / "logs" / "agent.log").read_text(), 30, "the new agent to adopt")
+        assert wait_until(ready_replica, 30, "the adopted replica ready")["pid"] == engine
+        assert pid_alive(engine)                  # the same engine process, never restarted
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{router_port}/v1",
+                               api_key="none", max_retries=0)
+        reply = wait_until(lambda: client.chat.completions.create(
+            model="tiny", max_tokens=4, messages=[{"role": "user", "content": "Hi"}]),
+            30, "a chat completion after the restart")
+        assert reply.choices[0].message.content is not None
+        assert marker not in up.log.read_text()    # only this run's log is quoted
+        family = descendants(up.pid) | {engine}
+    finally:
+        up.signal(signal.SIGINT)
+        up.proc.wait(60)
+    assert up.proc.returncode == 0, up.tail()
+    left = [pid for pid in family if pid_alive(pid)]
+    assert left == [], f"processes left after Ctrl-C: {left}"
