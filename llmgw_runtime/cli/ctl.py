@@ -16,7 +16,7 @@ import click
 from ..api import admin as messages
 from ..catalog import parse_duration
 from ..status.render import human_bytes, render
-from ..status.summary import device_label
+from ..status.summary import device_label, location
 from .client import ApiError, Client, admin_token
 from .output import ago, emit, output_option
 from .text import clean, printable, printable_lines
@@ -186,10 +186,8 @@ def replicas(ctx: click.Context, fmt: str) -> None:
 
 
 def where(replica: dict[str, Any]) -> str:
-    """``gpu-01:0,1`` or, for a multi-node replica, ``gpu-01:0-7 +gpu-02:0-7``."""
-    spots = [(replica["node"], replica["devices"])] + [
-        (p["node"], p["devices"]) for p in replica.get("parts") or []]
-    return " +".join(f"{node}:{','.join(map(str, devs))}" for node, devs in spots)
+    """Where it runs, as every view shows it (``gpu-01:0/mig1``; status.summary.location)."""
+    return location(replica)
 
 
 def state_text(replica: dict[str, Any]) -> str:

@@ -8,10 +8,11 @@ from flask import Blueprint, current_app, g, jsonify, request
 
 from .. import catalog
 from ..errors import ConflictError, NotFoundError, ValidationError
+from ..placement.model import heard_from
 from ..security import hash_token, new_token
 from ..store import repo
-from .states import model_state
-from .web import clock, json_body, require, store
+from . import fleet
+from .web import json_body, now_of, require, store
 
 bp = Blueprint("admin", __name__, url_prefix="/api/v1")
 
@@ -26,41 +27,22 @@ def apply_catalog() -> Any:
     def write(conn: Any) -> dict[str, Any]:
         # Idempotent: applying the same specs again changes nothing and logs no event,
         # so it is retried through a store failover.
-        now = clock()
-        result = repo.apply_catalog(conn, specs, now, prune=prune)
-        for verb in ("created", "updated", "deleted"):
-            for name in result[verb]:
-                repo.add_event(conn, now, "catalog", name, f"model {verb}")
-        return result
+        return fleet.apply_catalog(conn, specs, now_of(conn), prune)
     return jsonify(store().write(write))
-
-
-def models_out(conn: Any, now: float) -> list[dict[str, Any]]:
-    reps_by_model: dict[str, list[Any]] = {}
-    for rep in repo.list_replicas(conn):
-        reps_by_model.setdefault(rep.model, []).append(rep)
-    out = []
-    for row in repo.list_models(conn):
-        item = repo.model_to_dict(row)
-        state = model_state(row, reps_by_model.get(row.name, []), now)
-        item.update(state=state.state, reason=state.reason, ready=state.ready,
-                    wanted=state.wanted)
-        out.append(item)
-    return out
 
 
 @bp.get("/models")
 @require("admin")
 def models() -> Any:
     with store().begin() as conn:
-        return jsonify({"models": models_out(conn, clock())})
+        return jsonify({"models": fleet.models_view(conn, now_of(conn))})
 
 
 @bp.get("/models/<path:name>")
 @require("admin")
 def model(name: str) -> Any:
     with store().begin() as conn:
-        for item in models_out(conn, clock()):
+        for item in fleet.models_view(conn, now_of(conn)):
             if item["name"] == name:
                 return jsonify(item)
     raise NotFoundError(f"model {name!r} is not in the catalog; see `llmgw ctl models`")
@@ -72,26 +54,15 @@ def delete_model(name: str) -> Any:
     with store().begin() as conn:
         if not repo.delete_model(conn, name):
             raise NotFoundError(f"model {name!r} is not in the catalog")
-        repo.add_event(conn, clock(), "catalog", name, "model deleted")
+        repo.add_event(conn, now_of(conn), "catalog", name, "model deleted")
     return jsonify({"deleted": name})
-
-
-def unpark(conn: Any, name: str, now: float, by: str = "an operator") -> None:
-    """Forget ``name``'s failures and unpark it (``ctl retry``, the console's Retry button);
-    the event says who."""
-    row = repo.get_model(conn, name)
-    if row is None:
-        raise NotFoundError(f"model {name!r} is not in the catalog")
-    repo.update_model(conn, name, parked=0, consecutive_failures=0, last_failure_at=None,
-                      placement_reason=None)
-    repo.add_event(conn, now, "retry", name, f"unparked by {by}")
 
 
 @bp.post("/models/<path:name>/retry")
 @require("admin")
 def retry(name: str) -> Any:
     with store().begin() as conn:
-        unpark(conn, name, clock())
+        fleet.unpark(conn, name, now_of(conn))
     return jsonify({"model": name, "parked": False})
 
 
@@ -134,8 +105,8 @@ def create_key() -> Any:
     with store().begin() as conn:
         if repo.account_exists(conn, account):
             raise ConflictError(f"an API key named {name!r} exists; pick another name")
-        repo.put_account(conn, account, "api_key", hash_token(key), clock())
-        repo.add_event(conn, clock(), "key", name, "API key created")
+        repo.put_account(conn, account, "api_key", hash_token(key), now_of(conn))
+        repo.add_event(conn, now_of(conn), "key", name, "API key created")
     return jsonify({"name": name, "key": key}), 201
 
 
@@ -164,7 +135,7 @@ def delete_key(name: str) -> Any:
         if not repo.delete_account(conn, f"key:{name}", "api_key"):
             raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
                                 "list`")
-        repo.add_event(conn, clock(), "key", name, f"API key deleted by {_by()}")
+        repo.add_event(conn, now_of(conn), "key", name, f"API key deleted by {_by()}")
     return jsonify({"deleted": name})
 
 
@@ -176,7 +147,7 @@ def reset_node(name: str) -> Any:
     with store().begin() as conn:
         if not repo.reset_node_credential(conn, name):
             raise NotFoundError(f"there is no node named {name!r}; see `llmgw ctl nodes`")
-        repo.add_event(conn, clock(), "node", name,
+        repo.add_event(conn, now_of(conn), "node", name,
                        f"credential reset by {_by()}: the old credential is refused; the "
                        "host joins again with the join token")
     return jsonify({"node": name, "credential": None})
@@ -191,12 +162,12 @@ def delete_node(name: str) -> Any:
     force = request.args.get("force", "false").lower() in ("1", "true", "yes")
     timeout = current_app.config["LLMGW"].node_timeout_s
     with store().begin() as conn:
-        now = clock()
+        now = now_of(conn)
         row = repo.get_node(conn, name)
         if row is None:
             raise NotFoundError(f"there is no node named {name!r}; see `llmgw ctl nodes`")
-        silent = None if row.last_report is None else now - row.last_report
-        if silent is not None and silent <= timeout and not force:
+        if heard_from(row.last_report, now, timeout) and not force:
+            silent = now - row.last_report
             raise ConflictError(
                 f"node {name!r} reported {max(0.0, silent):.0f} s ago (within the node "
                 f"timeout of {timeout:g} s): its agent looks alive, and a live agent whose "

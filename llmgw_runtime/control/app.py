@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Blueprint, Flask, current_app, jsonify
+from flask import Blueprint, Flask, jsonify
 
 from .. import __version__, settings
 from ..api.openapi import control_document
@@ -14,7 +14,7 @@ from ..store import Store, repo
 from ..store.members import StoreHealth
 from . import admin_api, agent_api, console, metrics, routes_api, status_api
 from .config import ControlConfig
-from .reconcile import LEASE, Reconciler
+from .reconcile import LEASE
 from .web import install_error_handlers, store
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,9 @@ def openapi() -> Any:
     return jsonify(control_document(__version__))
 
 
-def create_app(config: ControlConfig | None = None, *, store_: Store | None = None,
-               start_reconciler: bool = False) -> Flask:
+def create_app(config: ControlConfig | None = None, *, store_: Store | None = None) -> Flask:
+    """The web app: APIs and the console. It never runs a reconcile pass: the reconciler
+    is a process of its own (``control/reconcile.py``, started by ``serve.run``)."""
     config = config or settings.load(ControlConfig)
     app = Flask("llmgw.control")
     app.config["LLMGW"] = config
@@ -51,12 +52,4 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, status_api.bp, console.bp):
         app.register_blueprint(bp)
     metrics.install(app, app.extensions["llmgw.store"], config)
-    if start_reconciler and config.reconcile:
-        reconciler = Reconciler(app.extensions["llmgw.store"], config)
-        app.extensions["llmgw.reconciler"] = reconciler
-        reconciler.start()
     return app
-
-
-def reconciler_of(app: Flask | None = None) -> Reconciler | None:
-    return (app or current_app).extensions.get("llmgw.reconciler")

@@ -25,12 +25,11 @@ from werkzeug.exceptions import HTTPException
 
 from ..errors import LlmgwError, StoreError
 from ..status import render
-from ..status.summary import device_label, node_alive
+from ..status.summary import device_label, location, node_alive
 from ..store import repo
 from . import console_auth as auth
-from . import status_api, throttle
-from .admin_api import models_out, unpark
-from .web import clock, store
+from . import fleet, throttle
+from .web import clock, fleet_settings, now_of, store, store_health
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,11 @@ def logout() -> Any:
 @bp.get("/console/")
 @auth.login_required
 def summary() -> Any:
-    return page("summary.html", "Summary", s=status_api.current())
+    with store().begin() as conn:
+        data = fleet.summary(conn, now_of(conn), fleet_settings(),
+                             idle_after_s=current_app.config["LLMGW"].idle_after_s,
+                             store=store_health())
+    return page("summary.html", "Summary", s=data)
 
 
 @bp.get("/console/nodes")
@@ -188,11 +191,11 @@ def nodes() -> Any:
     query = request.args.get("q", "").strip()
     with store().begin() as conn:
         rows = repo.list_nodes(conn)
+        now = now_of(conn)
     if query:
         rows = [r for r in rows if query.lower() in r.name.lower()
                 or query.lower() in (r.fabric or "").lower()]
     chunk, pager = paginate(rows)
-    now = clock()
     shown = []
     for row in chunk:          # decode only this page's nodes: 200 of 2,000
         node = repo.node_to_dict(row)
@@ -210,7 +213,7 @@ def nodes() -> Any:
 @auth.login_required
 def models() -> Any:
     with store().begin() as conn:
-        items = models_out(conn, clock())
+        items = fleet.models_view(conn, now_of(conn))
     retried = request.args.get("retried")
     return page("models.html", "Models", models=items,
                 retried=retried if retried in {m["name"] for m in items} else None)
@@ -221,7 +224,7 @@ def models() -> Any:
 def retry(name: str) -> Any:
     auth.check_csrf()
     with store().begin() as conn:
-        unpark(conn, name, clock(), by=f"{g.console_user} (console)")
+        fleet.unpark(conn, name, now_of(conn), by=f"{g.console_user} (console)")
     log.info("console: %s unparked model %s", g.console_user, name)
     return redirect(url_for("console.models", retried=name), 303)
 
@@ -232,27 +235,14 @@ def replicas() -> Any:
     with store().begin() as conn:
         rows = repo.list_replicas(conn)
         parts = repo.parts_by_replica(conn)
-        node_rows = {n.name: n for n in repo.list_nodes(conn)}
+        now = now_of(conn)
     chunk, pager = paginate(rows)
-    now = clock()
-    labels: dict[str, dict[int, str]] = {}
-
-    def where(node: str, devices: list[int]) -> str:
-        if node not in labels:      # decode only the nodes this page shows
-            row = node_rows.get(node)
-            devs = repo.node_to_dict(row)["devices"] if row is not None else []
-            labels[node] = {d["id"]: device_label(d) for d in devs}
-        return f"{node}:{','.join(labels[node].get(d, str(d)) for d in devices)}"
-
     shown = []
     for row in chunk:
         rep = repo.replica_to_dict(row, parts.get(row.id))
-        spots = [(rep["node"], rep["devices"])] + [(p["node"], p["devices"])
-                                                   for p in rep["parts"]]
         idle = (now - rep["last_used"] if rep["state"] == "ready"
                 and rep["last_used"] is not None else None)
-        shown.append({**rep, "where": " + ".join(where(n, d) for n, d in spots),
-                      "idle_s": idle})
+        shown.append({**rep, "where": location(rep), "idle_s": idle})
     return page("replicas.html", "Replicas", replicas=shown, paging=pager)
 
 

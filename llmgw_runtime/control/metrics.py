@@ -27,6 +27,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..api.states import ReplicaState
 from ..errors import AuthError
+from ..placement.model import heard_from
 from ..security import bearer
 from ..status.summary import device_label
 from ..store import Store, repo
@@ -167,7 +168,7 @@ class ControlCollector(Collector):
             name = node.name
             last = node.last_report
             node_labels = {"node": name}        # one dict per label set: rendered once
-            _add(reporting, node_labels, float(last is not None and now - last <= timeout))
+            _add(reporting, node_labels, float(heard_from(last, now, timeout)))
             if last is not None:
                 _add(age, node_labels, max(0.0, now - last))
             for engine in _json_list(node.engines, str):

@@ -1,24 +1,27 @@
-"""The reconcile loop. Every control instance runs one; only the holder of the leader lease
-acts, and every write it makes re-checks the lease in the same transaction (fencing), so two
-instances never both act."""
+"""The reconciler: its own process, one per control host (``llmgw server`` starts it next
+to the web workers), so agent reports and the API never wait behind a reconcile pass.
+
+Every reconciler tries to take the leader lease each cycle; only the holder acts, and every
+write it makes re-checks the lease in the same transaction (fencing), so two instances
+never both act. A pass is the fleet layer's read -> decide -> write (``control/fleet.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 import uuid
-from collections import defaultdict
-from typing import Any
+from types import FrameType
 
-from sqlalchemy.engine import Connection
-
-from ..api.states import ReplicaState
 from ..errors import StoreError
-from ..placement import place
 from ..store import Store, repo
-from . import snapshot
+from . import fleet
 from .config import ControlConfig
-from .states import PARK_AFTER, backoff_s, idle_expired
+from .decide import Changes, Settings
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +32,12 @@ class Reconciler:
     def __init__(self, store: Store, config: ControlConfig, holder: str | None = None) -> None:
         self.store = store
         self.config = config
+        self.settings = Settings.of(config)
         self.holder = holder or f"{config.holder}:{uuid.uuid4().hex[:6]}"
         self.is_leader = False
         self._stop = threading.Event()
         self._last_error: str | None = None
+        self._warned: dict[str, tuple[str, float]] = {}
 
     # ------------------------------------------------------------ one cycle
 
@@ -51,8 +56,23 @@ class Reconciler:
             if not repo.holds_lease(conn, LEASE, self.holder, now, lock=True):
                 self.is_leader = False
                 return False
-            reconcile(conn, now, self.config)
+            changes = fleet.reconcile(conn, now, self.settings)
+        self._log_placement(changes, now)
         return True
+
+    def _log_placement(self, changes: Changes, now: float) -> None:
+        """Log a model that cannot be placed when its reason changes, else at most every
+        ``placement_warning_every_s`` (not every tick: a cluster once logged "no placement"
+        250 times)."""
+        every_s = self.config.placement_warning_every_s
+        for model, reason in changes.unplaceable.items():
+            if reason is None:
+                self._warned.pop(model, None)
+                continue
+            last = self._warned.get(model)
+            if last is None or last[0] != reason or now - last[1] >= every_s:
+                log.warning("model %s cannot be placed: %s", model, reason)
+                self._warned[model] = (reason, now)
 
     def release(self) -> None:
         try:
@@ -89,134 +109,50 @@ class Reconciler:
         self._stop.set()
 
 
-def _record_failure(conn: Connection, model: Any, message: str, now: float,
-                    config: ControlConfig) -> None:
-    failures = model.consecutive_failures + 1
-    values: dict[str, Any] = {"consecutive_failures": failures, "last_error": message,
-                              "last_failure_at": now}
-    repo.add_event(conn, now, "failure", model.name,
-                   f"start failure {failures} in a row: {message}")
-    if failures >= PARK_AFTER and not model.parked:
-        values["parked"] = 1
-        repo.add_event(conn, now, "park", model.name,
-                       f"parked after {failures} failed starts in a row; fix the cause, then "
-                       f"run `llmgw ctl retry {model.name}` or change its definition. "
-                       f"Last error: {message}")
-    else:
-        repo.add_event(conn, now, "backoff", model.name,
-                       f"next start in {backoff_s(failures, *config.backoff):.0f} s")
-    repo.update_model(conn, model.name, **values)
+# ---------------------------------------------------------------- its own process
 
 
-def _part_failure(parts: list[Any]) -> str | None:
-    for part in parts:
-        if part.state == "failed":
-            return (f"part {part.rank} on {part.node} failed: "
-                    f"{part.last_error or 'the engine stopped'}")
-    return None
+def config_env(config: ControlConfig) -> dict[str, str]:
+    """``config`` as the ``LLMGW_*`` variables that load it again (for the process)."""
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        out["LLMGW_" + f.name.upper()] = text
+    return out
 
 
-def _rendezvous_port(conn: Connection, config: ControlConfig, nodes: set[str],
-                     taken: set[int]) -> int | None:
-    used = repo.used_rendezvous_ports(conn, nodes) | taken
-    return next((p for p in config.rendezvous_range if p not in used), None)
+def start_process(config: ControlConfig) -> subprocess.Popen[bytes]:
+    """Start the reconciler in a process of its own (``python -m
+    llmgw_runtime.control.reconcile``), sharing no state or connections with the web
+    workers; its log lines go where the server's go."""
+    env = {**os.environ, **config_env(config)}
+    return subprocess.Popen([sys.executable, "-m", "llmgw_runtime.control.reconcile"],
+                            env=env, stdin=subprocess.DEVNULL)
 
 
-def reconcile(conn: Connection, now: float, config: ControlConfig) -> None:
-    """One pass of the leader: account for failures, then place and stop replicas."""
-    models = {m.name: m for m in repo.list_models(conn)}
-    nodes = {n.name: n for n in repo.list_nodes(conn)}
-    parts = repo.parts_by_replica(conn)
-    by_model: dict[str, list[Any]] = defaultdict(list)
-    for rep in repo.list_replicas(conn):
-        node = nodes.get(rep.node)
-        node_dead = node is None or node.last_report is None or \
-            now - node.last_report > config.node_timeout_s
-        model = models.get(rep.model)
-        if not rep.desired:
-            if node_dead:
-                repo.delete_replica(conn, rep.id)   # nobody is left to stop it
-            continue
-        part_failure = _part_failure(parts.get(rep.id, []))
-        if rep.state == "failed" or part_failure or (
-                rep.state in (ReplicaState.PENDING, ReplicaState.STARTING)
-                and now - rep.started > config.start_timeout_s):
-            message = part_failure or rep.last_error or (
-                f"not ready within {config.start_timeout_s:.0f} s of being placed on "
-                f"{rep.node}")
-            if model is not None:
-                _record_failure(conn, model, message, now, config)
-                models[rep.model] = repo.get_model(conn, rep.model)
-            repo.delete_replica(conn, rep.id)
-            continue
-        if rep.state == "ready" and model is not None and model.consecutive_failures:
-            repo.update_model(conn, model.name, consecutive_failures=0, last_failure_at=None)
-            models[rep.model] = repo.get_model(conn, rep.model)
-        by_model[rep.model].append(rep)
-    for model in list(models.values()):
-        if idle_expired(model, by_model.get(model.name, []), now):
-            repo.update_model(conn, model.name, activated_at=None)
-            repo.add_event(conn, now, "idle-stop", model.name,
-                           f"nobody used it for {model.idle_stop_after_s:.0f} s; stopping")
-            models[model.name] = repo.get_model(conn, model.name)
+def main() -> int:
+    """The reconciler process: its own store connection pool; SIGTERM ends it after the
+    current cycle and releases the lease, so another instance takes over at once."""
+    from .. import settings
 
-    live = [r for reps in by_model.values() for r in reps]
-    unusable: dict[str, str] = {}
-    snap = snapshot.build(list(models.values()), list(nodes.values()), live, now,
-                          config.node_timeout_s, parts=parts,
-                          replace_after_s=config.replace_after_s, backoff=config.backoff,
-                          unusable=unusable)
-    for name, problem in unusable.items():
-        if nodes[name].problem != problem:
-            repo.set_node_problem(conn, name, problem)
-            repo.add_event(conn, now, "node", name, f"node {name} is left out of placement: "
-                           f"{problem}")
-    plan = place(snap)
-    taken_ports: set[int] = set()
-    for start in plan.starts:
-        replica_id = "r-" + uuid.uuid4().hex[:12]
-        port = None
-        if start.parts:
-            port = _rendezvous_port(conn, config, {start.node, *(p.node for p in start.parts)},
-                                    taken_ports)
-            if port is None:
-                repo.add_event(conn, now, "unplaceable", start.model,
-                               f"every rendezvous port ({config.rendezvous_ports}) is in use "
-                               "on these nodes; widen LLMGW_RENDEZVOUS_PORTS")
-                continue
-            taken_ports.add(port)
-        repo.add_replica(conn, replica_id, start.model, start.node, start.devices, now,
-                         parts=tuple((p.rank, p.node, p.devices) for p in start.parts),
-                         rendezvous_port=port)
-        where = "; ".join(f"{n} device(s) {','.join(str(d) for d in devs)}"
-                          for n, devs in [(start.node, start.devices),
-                                          *((p.node, p.devices) for p in start.parts)])
-        repo.add_event(conn, now, "place", start.model,
-                       f"replica {replica_id} placed on {where}"
-                       + (f" ({start.why})" if start.why else ""))
-    for replica_id in plan.stops:
-        repo.update_replica(conn, replica_id, desired=0, state="stopping", updated=now)
-        repo.add_event(conn, now, "stop", replica_id,
-                       plan.stop_reasons.get(replica_id, "no longer wanted; stopping"))
-    for model in models.values():
-        reason = plan.unplaceable.get(model.name)
-        if reason != model.placement_reason:
-            repo.update_model(conn, model.name, placement_reason=reason)
-            if reason:
-                repo.add_event(conn, now, "unplaceable", model.name, reason)
-        _warn_placement(model.name, reason, now, config.placement_warning_every_s)
+    logging.basicConfig(level=logging.INFO,
+                        format="[%(asctime)s] [%(process)d] [reconciler] %(message)s")
+    config = settings.load(ControlConfig)
+    reconciler = Reconciler(Store(config.store_url), config)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        reconciler.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("reconciler %s started (pid %d)", reconciler.holder, os.getpid())
+    try:
+        reconciler.run_forever()
+    finally:
+        reconciler.store.dispose()
+    return 0
 
 
-_warned: dict[str, tuple[str, float]] = {}
-
-
-def _warn_placement(model: str, reason: str | None, now: float, every_s: float) -> None:
-    """Log a model that cannot be placed when its reason changes, else at most every
-    ``every_s`` (not every tick: a cluster once logged "no placement" 250 times)."""
-    if reason is None:
-        _warned.pop(model, None)
-        return
-    last = _warned.get(model)
-    if last is None or last[0] != reason or now - last[1] >= every_s:
-        log.warning("model %s cannot be placed: %s", model, reason)
-        _warned[model] = (reason, now)
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,15 @@
-"""Serve the control service with gunicorn (gthread workers); each worker runs a
-reconciler, and the leader lease lets only one of them act."""
+"""Serve the control service: gunicorn (gthread workers) answers the APIs and the console,
+and one reconciler process per control host decides (the leader lease lets only one
+host's reconciler act). The web workers never run a reconcile pass."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import subprocess
+import threading
+import time
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
@@ -13,6 +19,7 @@ from ..store import Store
 from .app import create_app
 from .bootstrap import bootstrap
 from .config import ControlConfig
+from .reconcile import start_process
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +53,72 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             self.cfg.set("control_socket_disable", True)
 
     def load(self) -> Any:
-        return create_app(self.llmgw_config, start_reconciler=True)
+        return create_app(self.llmgw_config)
+
+
+class ReconcilerKeeper:
+    """Runs the reconciler process and starts it again if it dies (1 s doubling to 30 s,
+    reset once it ran a minute); stopped when the web server stops."""
+
+    def __init__(self, config: ControlConfig) -> None:
+        # Named before gunicorn starts, so every reconciler of this host has its name.
+        self.config = dataclasses.replace(config, instance_name=config.instance)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._process: Any = None
+        self._thread = threading.Thread(target=self._keep, name="llmgw-reconciler-keeper",
+                                        daemon=True)
+
+    def start(self) -> None:
+        if self.config.reconcile:
+            self._thread.start()
+
+    def _spawn(self) -> Any:
+        with self._lock:
+            if self._stop.is_set():
+                return None
+            self._process = start_process(self.config)
+            return self._process
+
+    def _keep(self) -> None:
+        delay = 1.0
+        while True:
+            started = time.monotonic()
+            process = self._spawn()
+            if process is None:
+                return
+            while process.poll() is None and not self._stop.is_set():
+                self._stop.wait(0.5)
+            if self._stop.is_set():
+                return
+            ran = time.monotonic() - started
+            delay = 1.0 if ran > 60 else min(delay * 2, 30.0)
+            log.error("the reconciler process exited (status %s) after %.0f s; starting it "
+                      "again in %.0f s", process.returncode, ran, delay)
+            self._stop.wait(delay)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop.set()
+            process = self._process
+        if process is not None and process.poll() is None:
+            process.terminate()              # SIGTERM: finish the cycle, release the lease
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
 
 
 def run(config: ControlConfig) -> None:
     store = Store(config.store_url)
     bootstrap(store, config)
     store.dispose()
-    _Gunicorn(config).run()
+    keeper = ReconcilerKeeper(config)
+    keeper.start()
+    master = os.getpid()
+    try:
+        _Gunicorn(config).run()
+    finally:
+        if os.getpid() == master:          # not in a worker gunicorn forked and ended
+            keeper.stop()

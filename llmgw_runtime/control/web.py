@@ -15,6 +15,7 @@ from ..api.parse import InvalidJSON, decode
 from ..errors import AuthError, ForbiddenError, LlmgwError, ValidationError
 from ..security import PREFIXES, bearer, hash_token
 from ..store import Store, repo
+from .decide import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,7 +25,24 @@ def store() -> Store:
 
 
 def clock() -> float:
+    """This process's clock: for what is local to it (throttling, console sessions)."""
     return time.time()
+
+
+def now_of(conn: Any) -> float:
+    """The fleet's clock: the store's, read in the transaction ``conn`` (fleet.py)."""
+    return store().now(conn)
+
+
+def fleet_settings() -> Settings:
+    """The fleet layer's settings from this service's configuration."""
+    return Settings.of(current_app.config["LLMGW"])
+
+
+def store_health() -> dict[str, Any]:
+    """The store's backend and, for a replicated one, its members (Patroni's REST API)."""
+    health = current_app.extensions["llmgw.store_health"]
+    return {"backend": store().dialect, "members": health.members()}
 
 
 def error_response(status: int, reason: str, message: str,

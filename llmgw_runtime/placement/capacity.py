@@ -25,6 +25,7 @@ from .model import (
     NodeView,
     ReplicaView,
     Snapshot,
+    heard_from,
 )
 
 Group = str | None          # a fabric name; None groups the nodes that have no fabric
@@ -39,7 +40,7 @@ def silence(node: NodeView | None, now: float) -> float:
 
 
 def alive(node: NodeView, snap: Snapshot) -> bool:
-    return silence(node, snap.now) <= snap.node_timeout_s
+    return heard_from(node.last_report, snap.now, snap.node_timeout_s)
 
 
 def replica_nodes(rep: ReplicaView) -> tuple[str, ...]:

@@ -12,6 +12,13 @@ from ..api.states import LIVE_REPLICA_STATES, ReplicaState
 from ..catalog import ModelSpec
 
 ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
+
+
+def heard_from(last_report: float | None, now: float, node_timeout_s: float) -> bool:
+    """The one rule of node liveness: it reported within ``node_timeout_s`` of ``now``
+    (the store's clock). Placement, the reconciler, the status summary, the console,
+    /metrics and node deletion all ask this."""
+    return last_report is not None and now - last_report <= node_timeout_s
 CPU_CLASS = "cpu"
 # A shared device (the CPU, or a GPU whose replicas declare memory_gb) runs at most this many
 # replicas, whatever their memory: each is an engine process with its own threads, and a CPU

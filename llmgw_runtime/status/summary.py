@@ -7,7 +7,8 @@ from collections import Counter
 from typing import Any
 
 from ..api.states import LIVE_REPLICA_STATES, ReplicaState
-from ..devices.model import label
+from ..devices.model import label, label_of_id
+from ..placement.model import heard_from
 from ..weights.scan import held_sources
 
 ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
@@ -23,8 +24,17 @@ def device_label(dev: dict[str, Any]) -> str:
     return str(dev.get("card", dev.get("id")))
 
 
+def location(replica: dict[str, Any]) -> str:
+    """Where a replica runs, as every view shows it: ``gpu-01:0/mig1`` or, across nodes,
+    ``gpu-01:0,1 + gpu-02:0,1``."""
+    spots = [(replica["node"], replica["devices"])] + [
+        (p["node"], p["devices"]) for p in replica.get("parts") or []]
+    return " + ".join(f"{node}:{','.join(label_of_id(d) for d in devs)}"
+                      for node, devs in spots)
+
+
 def node_alive(node: dict[str, Any], now: float, node_timeout_s: float) -> bool:
-    return node.get("last_report") is not None and now - node["last_report"] <= node_timeout_s
+    return heard_from(node.get("last_report"), now, node_timeout_s)
 
 
 def used_devices(replicas: list[dict[str, Any]]) -> set[tuple[str, int]]:
@@ -139,12 +149,6 @@ def idle_replicas(replicas: list[dict[str, Any]], nodes: list[dict[str, Any]], n
     """"What can I stop": ready replicas nobody asked for in the last ``idle_after_s``
     (from the routers' idle map), longest idle first, with the cards they hold. A replica
     no router has reported is unknown, not idle: listed apart, ``idle_s`` -1."""
-    devices_of = {n["name"]: n.get("devices", []) for n in nodes}
-
-    def label_of(node: str, device_id: int) -> str:
-        dev = next((d for d in devices_of.get(node, ()) if d["id"] == device_id), None)
-        return f"{node}:{device_id if dev is None else device_label(dev)}"
-
     idle, unknown = [], []
     for r in replicas:
         if r["state"] != "ready" or not r.get("desired", True):
@@ -153,7 +157,7 @@ def idle_replicas(replicas: list[dict[str, Any]], nodes: list[dict[str, Any]], n
             continue                               # in use: no labels to make
         spots = [(r["node"], r["devices"])] + [(p["node"], p["devices"])
                                                for p in r.get("parts") or []]
-        held = [label_of(node, d) for node, devs in spots for d in devs]
+        held = [f"{node}:{label_of_id(d)}" for node, devs in spots for d in devs]
         entry = {"id": r["id"], "model": r["model"], "node": r["node"], "devices": held,
                  "cards": len(held)}
         if r.get("last_used") is None:

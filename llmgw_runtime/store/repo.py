@@ -42,7 +42,8 @@ def _model_values(spec: ModelSpec) -> dict[str, Any]:
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                   prune: bool = False) -> dict[str, list[str]]:
-    """Create or update each model; a new definition unparks it. Returns what changed."""
+    """Create or update each model; returns what changed. (What a new definition means,
+    unparking, is the fleet layer's rule: control/fleet.apply_catalog.)"""
     existing = {r.name: r for r in conn.execute(sa.select(models))}
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "deleted": []}
     for spec in specs:
@@ -57,10 +58,6 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
         if all(getattr(row, k) == v for k, v in values.items()):
             result["unchanged"].append(spec.name)
             continue
-        if row.definition_hash != spec.definition_hash:
-            # A new definition: forget the old failures and unpark.
-            values.update(parked=0, consecutive_failures=0, last_error=None,
-                          last_failure_at=None, placement_reason=None)
         conn.execute(models.update().where(models.c.name == spec.name)
                      .values(updated=now, **values))
         result["updated"].append(spec.name)
@@ -379,3 +376,18 @@ def delete_node(conn: Connection, name: str) -> list[Any] | None:
         delete_replica(conn, rep.id)
     conn.execute(nodes.delete().where(nodes.c.name == name))
     return gone
+
+
+def mark_unreachable(conn: Connection, replica_id: str, now: float, error: str) -> Any | None:
+    """Set a wanted ``ready`` replica ``unreachable`` (a router could not connect to it),
+    in one conditional update so that a report written meanwhile is never overwritten.
+    Returns the replica's row as it was, or None when it was not a wanted ready replica."""
+    row = get_replica(conn, replica_id)
+    if row is None:
+        return None
+    done = conn.execute(
+        replicas.update()
+        .where(replicas.c.id == replica_id, replicas.c.state == "ready",
+               replicas.c.desired == 1)
+        .values(state="unreachable", updated=now, last_error=error))
+    return row if done.rowcount == 1 else None

@@ -267,20 +267,16 @@ def test_two_thousand_nodes_render_a_page_at_a_time(api: Api) -> None:
 
 def test_summary_shows_store_members_and_a_missing_leader(
         fleet: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmgw_runtime.control import status_api
-
-    real = status_api.current
+    from llmgw_runtime.control import console
 
     def replicated() -> dict[str, Any]:
-        s = real()
-        s["store"] = {"backend": "postgresql", "members": [
+        return {"backend": "postgresql", "members": [
             {"name": "db1", "role": "replica", "state": "streaming", "lag_bytes": 2048,
              "missing": False, "problem": None},
             {"name": "db2", "role": "leader", "state": None, "lag_bytes": None,
              "missing": True, "problem": None}]}
-        return s
 
-    monkeypatch.setattr(status_api, "current", replicated)
+    monkeypatch.setattr(console, "store_health", replicated)
     login(fleet)
     html = fleet.client.get("/console/").get_data(as_text=True)
     table = html.split('id="store"')[1].split("</table>")[0]

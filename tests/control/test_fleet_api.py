@@ -128,9 +128,6 @@ def test_a_placement_warning_is_logged_once_per_reason_not_every_tick(
         api: Api, caplog: Any) -> None:
     import logging
 
-    from llmgw_runtime.control import reconcile
-
-    reconcile._warned.clear()
     put(api, BIG)                                   # two nodes needed, none reporting
     with caplog.at_level(logging.WARNING, logger="llmgw_runtime.control.reconcile"):
         for _ in range(5):

@@ -144,7 +144,8 @@ def test_replicas_by_state_always_list_every_state(fleet: Api) -> None:
     m = scrape(fleet.client)
     assert series(m, "llmgw_replicas") == {
         (("state", "pending"),): 0, (("state", "fetching"),): 0, (("state", "starting"),): 0,
-        (("state", "ready"),): 1, (("state", "failed"),): 0, (("state", "stopping"),): 1}
+        (("state", "ready"),): 1, (("state", "failed"),): 0, (("state", "stopping"),): 1,
+        (("state", "unreachable"),): 0}
 
 
 def test_nodes_reporting_age_and_engines(fleet: Api) -> None:

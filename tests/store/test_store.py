@@ -38,12 +38,16 @@ def test_booleans_are_written_as_integers(store: Store) -> None:
 
 
 def test_a_new_definition_unparks(store: Store) -> None:
+    """The rule lives in the fleet layer; the store stores what it is told."""
+    from llmgw_runtime.control import fleet
+
     with store.begin() as conn:
-        repo.apply_catalog(conn, catalog.parse(CAT), 1.0)
+        fleet.apply_catalog(conn, catalog.parse(CAT), 1.0, prune=False)
         repo.update_model(conn, "b", parked=1, consecutive_failures=5, last_error="boom")
     with store.begin() as conn:
-        repo.apply_catalog(conn, catalog.parse(CAT.replace("class: a100-80g",
-                                                           "class: h100-80g")), 2.0)
+        fleet.apply_catalog(conn, catalog.parse(CAT.replace("class: a100-80g",
+                                                            "class: h100-80g")), 2.0,
+                            prune=False)
         row = conn.execute(sa.select(models).where(models.c.name == "b")).one()
     assert (row.parked, row.consecutive_failures, row.last_error) == (0, 0, None)
 

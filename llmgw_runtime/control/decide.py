@@ -1,0 +1,245 @@
+"""The fleet's rules as one pure function: ``decide(fleet, now, settings)`` -> the changes.
+
+No I/O and no clock: the fleet (what the store holds) and ``now`` (the store's clock) are
+passed in, and new replica ids come from ``settings.new_id``. ``control/fleet.py`` reads the
+fleet, calls this, and writes the changes; the reconciler process and the views only call
+that layer. Each rule is its own small function, table-tested in tests/control/test_decide.py:
+failures and parking, resetting a streak once a replica is ready, idle stops of on-demand
+models, placement (``placement.place``), and rendezvous ports of multi-node replicas.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from ..api.states import ReplicaState
+from ..placement import place
+from ..placement.model import heard_from
+from . import snapshot
+from .states import PARK_AFTER, backoff_s, idle_expired
+
+
+@dataclass(frozen=True)
+class Settings:
+    node_timeout_s: float = 30.0
+    replace_after_s: float = 120.0
+    start_timeout_s: float = 180.0
+    backoff: tuple[float, float] = (5.0, 300.0)
+    park_after: int = PARK_AFTER
+    rendezvous_ports: range = range(29500, 30000)
+    new_id: Callable[[], str] = field(default=lambda: "r-" + uuid.uuid4().hex[:12])
+
+    @classmethod
+    def of(cls, config: Any) -> Settings:
+        """The settings of a ``ControlConfig``."""
+        return cls(node_timeout_s=config.node_timeout_s,
+                   replace_after_s=config.replace_after_s,
+                   start_timeout_s=config.start_timeout_s, backoff=config.backoff,
+                   rendezvous_ports=config.rendezvous_range)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What the store holds, read once: rows by name, replicas, worker parts by replica."""
+
+    models: dict[str, Any]
+    nodes: dict[str, Any]
+    replicas: list[Any]
+    parts: dict[str, list[Any]]
+
+
+@dataclass(frozen=True)
+class Start:
+    replica_id: str
+    model: str
+    node: str
+    devices: tuple[int, ...]
+    parts: tuple[tuple[int, str, tuple[int, ...]], ...] = ()
+    rendezvous_port: int | None = None
+
+
+@dataclass
+class Changes:
+    """What one pass changes, in the order it is to be written."""
+
+    delete_replicas: list[str] = field(default_factory=list)
+    model_updates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node_problems: dict[str, str] = field(default_factory=dict)
+    starts: list[Start] = field(default_factory=list)
+    stops: list[tuple[str, str]] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    unplaceable: dict[str, str | None] = field(default_factory=dict)   # every model's reason
+
+    def update_model(self, name: str, **values: Any) -> None:
+        self.model_updates.setdefault(name, {}).update(values)
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def failure_of(replica: Any, parts: list[Any], now: float, start_timeout_s: float,
+               ) -> str | None:
+    """Why a wanted replica counts as a failed start now, or None: it failed, one of its
+    parts failed, or it was not ready within ``start_timeout_s`` of being placed."""
+    for part in parts:
+        if part.state == ReplicaState.FAILED:
+            return (f"part {part.rank} on {part.node} failed: "
+                    f"{part.last_error or 'the engine stopped'}")
+    if replica.state == ReplicaState.FAILED:
+        return replica.last_error or f"not ready within {start_timeout_s:.0f} s of being " \
+            f"placed on {replica.node}"
+    if replica.state in (ReplicaState.PENDING, ReplicaState.STARTING) \
+            and now - replica.started > start_timeout_s:
+        return replica.last_error or (f"not ready within {start_timeout_s:.0f} s of being "
+                                      f"placed on {replica.node}")
+    return None
+
+
+def record_failure(model: Any, message: str, now: float, backoff: tuple[float, float],
+                   park_after: int = PARK_AFTER) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """A failed start of ``model``: the new values of its row and the events (kind,
+    message). The ``park_after``-th failure in a row parks it; before that, the next start
+    waits the backoff."""
+    failures = model.consecutive_failures + 1
+    values: dict[str, Any] = {"consecutive_failures": failures, "last_error": message,
+                              "last_failure_at": now}
+    events = [("failure", f"start failure {failures} in a row: {message}")]
+    if failures >= park_after and not model.parked:
+        values["parked"] = 1
+        events.append(("park", f"parked after {failures} failed starts in a row; fix the "
+                               f"cause, then run `llmgw ctl retry {model.name}` or change its "
+                               f"definition. Last error: {message}"))
+    else:
+        events.append(("backoff", f"next start in {backoff_s(failures, *backoff):.0f} s"))
+    return values, events
+
+
+def unpark_values() -> dict[str, Any]:
+    """A model's row once its failures are forgotten (a new definition, `ctl retry`)."""
+    return {"parked": 0, "consecutive_failures": 0, "last_error": None,
+            "last_failure_at": None, "placement_reason": None}
+
+
+def new_definition(old_hash: str | None, new_hash: str) -> bool:
+    """Whether an applied catalog entry is a new definition (it unparks the model)."""
+    return old_hash is not None and old_hash != new_hash
+
+
+def free_port(used: set[int], ports: range) -> int | None:
+    return next((p for p in ports if p not in used), None)
+
+
+# ------------------------------------------------------------------ one pass
+
+
+def decide(fleet: Fleet, now: float, settings: Settings) -> Changes:
+    """Everything one reconcile pass changes, from the fleet as read and ``now``."""
+    changes = Changes()
+    models = {name: SimpleNamespace(**row._mapping) if hasattr(row, "_mapping")
+              else SimpleNamespace(**vars(row)) for name, row in fleet.models.items()}
+    live: list[Any] = []
+    for rep in fleet.replicas:
+        node = fleet.nodes.get(rep.node)
+        node_dead = node is None or not heard_from(node.last_report, now,
+                                                   settings.node_timeout_s)
+        model = models.get(rep.model)
+        if not rep.desired:
+            if node_dead:
+                changes.delete_replicas.append(rep.id)       # nobody is left to stop it
+            continue
+        message = failure_of(rep, fleet.parts.get(rep.id, []), now, settings.start_timeout_s)
+        if message is not None:
+            if model is not None:
+                values, events = record_failure(model, message, now, settings.backoff,
+                                                settings.park_after)
+                vars(model).update(values)
+                changes.update_model(model.name, **values)
+                changes.events += [(kind, model.name, text) for kind, text in events]
+            changes.delete_replicas.append(rep.id)
+            continue
+        if rep.state == ReplicaState.READY and model is not None \
+                and model.consecutive_failures:
+            vars(model).update(consecutive_failures=0, last_failure_at=None)
+            changes.update_model(model.name, consecutive_failures=0, last_failure_at=None)
+        live.append(rep)
+    by_model: dict[str, list[Any]] = {}
+    for rep in live:
+        by_model.setdefault(rep.model, []).append(rep)
+    for model in models.values():
+        if idle_expired(model, by_model.get(model.name, []), now):
+            model.activated_at = None
+            changes.update_model(model.name, activated_at=None)
+            changes.events.append(("idle-stop", model.name,
+                                   f"nobody used it for {model.idle_stop_after_s:.0f} s; "
+                                   "stopping"))
+    _place(fleet, models, live, now, settings, changes)
+    return changes
+
+
+def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
+           settings: Settings, changes: Changes) -> None:
+    unusable: dict[str, str] = {}
+    snap = snapshot.build(list(models.values()), list(fleet.nodes.values()), live, now,
+                          settings.node_timeout_s, parts=fleet.parts,
+                          replace_after_s=settings.replace_after_s,
+                          backoff=settings.backoff, unusable=unusable)
+    for name, problem in unusable.items():
+        if fleet.nodes[name].problem != problem:
+            changes.node_problems[name] = problem
+            changes.events.append(("node", name, f"node {name} is left out of placement: "
+                                                 f"{problem}"))
+    plan = place(snap)
+    deleted = set(changes.delete_replicas)
+    ports_on = _ports_by_node(fleet, deleted)
+    taken: set[int] = set()
+    for start in plan.starts:
+        port = None
+        if start.parts:
+            nodes = {start.node, *(p.node for p in start.parts)}
+            used = set().union(*(ports_on.get(n, set()) for n in nodes)) | taken
+            port = free_port(used, settings.rendezvous_ports)
+            if port is None:
+                changes.events.append((
+                    "unplaceable", start.model,
+                    f"every rendezvous port ({settings.rendezvous_ports.start}-"
+                    f"{settings.rendezvous_ports.stop - 1}) is in use on these nodes; "
+                    "widen LLMGW_RENDEZVOUS_PORTS"))
+                continue
+            taken.add(port)
+        replica_id = settings.new_id()
+        changes.starts.append(Start(replica_id, start.model, start.node, tuple(start.devices),
+                                    tuple((p.rank, p.node, tuple(p.devices))
+                                          for p in start.parts), port))
+        where = "; ".join(f"{n} device(s) {','.join(str(d) for d in devs)}"
+                          for n, devs in [(start.node, start.devices),
+                                          *((p.node, p.devices) for p in start.parts)])
+        changes.events.append(("place", start.model, f"replica {replica_id} placed on {where}"
+                               + (f" ({start.why})" if start.why else "")))
+    for replica_id in plan.stops:
+        changes.stops.append((replica_id, plan.stop_reasons.get(replica_id,
+                                                                "no longer wanted; stopping")))
+        changes.events.append(("stop", replica_id,
+                               plan.stop_reasons.get(replica_id, "no longer wanted; stopping")))
+    for model in models.values():
+        reason = plan.unplaceable.get(model.name)
+        changes.unplaceable[model.name] = reason
+        if reason != model.placement_reason:
+            changes.update_model(model.name, placement_reason=reason)
+            if reason:
+                changes.events.append(("unplaceable", model.name, reason))
+
+
+def _ports_by_node(fleet: Fleet, deleted: set[str]) -> dict[str, set[int]]:
+    """Rendezvous ports in use per node (heads and workers), without replicas deleted in
+    this pass."""
+    out: dict[str, set[int]] = {}
+    for rep in fleet.replicas:
+        if rep.rendezvous_port is None or rep.id in deleted:
+            continue
+        for node in {rep.node, *(p.node for p in fleet.parts.get(rep.id, []))}:
+            out.setdefault(node, set()).add(rep.rendezvous_port)
+    return out
