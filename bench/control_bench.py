@@ -116,7 +116,9 @@ class Control:
                    LLMGW_STATE_DIR=str(workdir), LLMGW_ADMIN_TOKEN=self.admin_token,
                    LLMGW_JOIN_TOKEN=self.join_token,
                    LLMGW_ROUTER_TOKEN="llmgw-router-" + secrets.token_urlsafe(16),
-                   LLMGW_REPORT_INTERVAL_S=str(PERIOD_S), PYTHONPATH=str(ROOT))
+                   LLMGW_REPORT_INTERVAL_S=str(PERIOD_S), PYTHONPATH=str(ROOT),
+                   # The simulated agents claim 10.x addresses and report from loopback.
+                   LLMGW_AGENT_NETWORKS="10.0.0.0/8")
         if shape:
             env.update(LLMGW_WORKERS=str(shape[0]), LLMGW_THREADS=str(shape[1]))
         argv = [sys.executable, "-c", _PROFILED_MAIN, str(profile_dir)] if profile_dir \

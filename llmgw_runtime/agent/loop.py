@@ -125,6 +125,30 @@ class Agent:
             log.exception("agent cycle failed unexpectedly; continuing")
         return self.interval_s
 
+    def stop_engines(self, why: str) -> None:
+        """Stop every engine of this node, then say so in a last report, so that the
+        control service stops routing to them now instead of when the node goes silent.
+        A report that cannot be sent is logged; it never keeps the agent from exiting."""
+        running = self.supervisor.states()
+        self.supervisor.stop_all()
+        if not running:
+            return
+        message = f"the agent on {self.config.node_name} stopped this replica: {why}"
+        stopped = [{"id": r["id"], "model": r.get("model"), "state": "stopped",
+                    "port": None, "pid": None,
+                    "last_error": r.get("last_error") if r["state"] == "failed" else message}
+                   for r in running]
+        try:
+            report = parse(Report, clean({**self.report_dict(), "replicas": stopped}),
+                           what="last report of this agent")
+            self.client.report(report)
+            log.info("reported %d replica(s) stopped", len(stopped))
+        except LlmgwError as exc:
+            log.warning("could not report the stopped replicas (%s); the control service "
+                        "notices when this node goes silent", exc)
+        except Exception:
+            log.exception("could not report the stopped replicas")
+
 
 def run(config: AgentConfig, stop: threading.Event | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT (or ``stop`` is set). Adopts engines a previous
@@ -149,7 +173,8 @@ def run(config: AgentConfig, stop: threading.Event | None = None) -> int:
     finally:
         if config.stop_engines_on_exit:
             log.info("stopping every engine (stop_engines_on_exit)")
-            agent.supervisor.stop_all()
+            agent.stop_engines("the agent is shutting down and stops its engines on exit "
+                               "(stop_engines_on_exit)")
         else:
             log.info("leaving engines running; the next agent adopts them")
     return 0

@@ -59,6 +59,9 @@ CONTROL_ROUTES = (
     Route("get", "/api/v1/routes", "what routers route", ("router", "admin"), router.Routes),
     Route("post", "/api/v1/idle", "last use per replica", ("router",), None, router.IdleMap,
           status="204"),
+    Route("post", "/api/v1/unreachable", "a router could not connect to a replica: not "
+          "routed until its agent reports it ready again", ("router",), None,
+          router.Unreachable, status="204"),
     Route("post", "/api/v1/activate", "someone wants this model now", ("router", "admin"),
           router.ActivateAnswer, router.ActivateRequest, errors=(400, 401, 403, 404)),
     Route("put", "/api/v1/catalog", "apply a catalog (YAML or JSON, docs/catalog.md)", ADMIN,

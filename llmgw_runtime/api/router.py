@@ -1,4 +1,4 @@
-"""Router <-> control: the routes table, the idle map and activation."""
+"""Router <-> control: the routes table, the idle map, activation and unreachable replicas."""
 
 from __future__ import annotations
 
@@ -6,7 +6,17 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
-from .fields import MAX_LIST, Answer, Bool, Id, Message, Name, Text, UnixTime
+from .fields import (
+    MAX_LIST,
+    Answer,
+    Bool,
+    Id,
+    Message,
+    Name,
+    NonNegative,
+    SmallCount,
+    Text,
+)
 from .states import Activation, ModelState
 
 MAX_ROUTED_MODELS = 10_000
@@ -26,6 +36,12 @@ class RouteModel(Answer):
     reason: Text | None = None
     on_demand: Bool = False
     endpoints: list[Endpoint] = Field(default_factory=list, max_length=MAX_LIST)
+    # The current start streak, for an honest refusal while nothing is ready: failed starts
+    # in a row (0: none, or the model is starting for the first time), the last error, and
+    # the seconds until the next start may begin (0: it may begin now).
+    failures: SmallCount = 0
+    last_error: Text | None = None
+    retry_after_s: NonNegative | None = None
 
 
 class Routes(Answer):
@@ -35,11 +51,24 @@ class Routes(Answer):
     api_key_hashes: list[Sha256Hex] = Field(default_factory=list, max_length=MAX_KEYS)
 
 
-class IdleMap(Message):
-    """When each replica was last used, as this router saw it (Unix seconds). A replica
-    the router never used is absent: unknown, never zero."""
+IdleSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e9)]
 
-    replicas: dict[Id, UnixTime] = Field(max_length=MAX_LIST * 4)
+
+class IdleMap(Message):
+    """How long ago this router last used each replica (seconds, by its own monotonic
+    clock; the control service turns them into times with the store's clock, so a router
+    host's wall clock never decides idleness). A replica the router never used is absent:
+    unknown, never zero."""
+
+    replicas: dict[Id, IdleSeconds] = Field(max_length=MAX_LIST * 4)
+
+
+class Unreachable(Message):
+    """A router could not connect to this replica (refused or reset before the first
+    byte): the control service stops routing to it until its agent reports it ready."""
+
+    replica_id: Id
+    reason: Text
 
 
 class ActivateRequest(Message):
@@ -50,6 +79,11 @@ class ActivateAnswer(Answer):
     model: Name
     state: Annotated[Activation, Field(strict=False)]
     reason: Text | None = None
+    # As in RouteModel: a model whose current start streak failed is not activated again
+    # before its backoff; the router refuses the request at once with these.
+    failures: SmallCount = 0
+    last_error: Text | None = None
+    retry_after_s: NonNegative | None = None
 
 
 # The router's own API (OpenAI-compatible); its document is generated from these.

@@ -17,6 +17,9 @@ class ReplicaState(StrEnum):
     READY = "ready"
     FAILED = "failed"
     STOPPING = "stopping"
+    # A router could not connect to it; not routed until a report of its agent, received
+    # after the mark, says ready again (docs/api.md, POST /api/v1/unreachable).
+    UNREACHABLE = "unreachable"
 
 
 class ReportedState(StrEnum):
@@ -53,4 +56,7 @@ class Activation(StrEnum):
     STOPPED = "stopped"
 
 
-LIVE_REPLICA_STATES = (ReplicaState.FETCHING, ReplicaState.STARTING, ReplicaState.READY)
+# Replicas that hold their devices and count as the model's: an unreachable one is still
+# running as far as its node knows, until its agent says otherwise.
+LIVE_REPLICA_STATES = (ReplicaState.FETCHING, ReplicaState.STARTING, ReplicaState.READY,
+                       ReplicaState.UNREACHABLE)

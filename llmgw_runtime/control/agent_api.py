@@ -13,13 +13,13 @@ from flask import Blueprint, current_app, g, jsonify, request
 
 from ..api.agent import JoinAnswer, JoinRequest, Report
 from ..api.parse import parse_json
-from ..api.states import LIVE_REPLICA_STATES
+from ..api.states import LIVE_REPLICA_STATES, ReplicaState, ReportedState
 from ..errors import ConflictError, ForbiddenError
 from ..security import hash_token, new_token
 from ..store import repo
 from . import identity
 from .assignments import assignments_for, part_id
-from .web import clock, require, store
+from .web import now_of, require, store
 
 bp = Blueprint("agent", __name__, url_prefix="/api/v1/agent")
 
@@ -48,7 +48,7 @@ def join() -> Any:
     node = body.node
     credential = new_token("node")
     with store().begin() as conn:
-        now = clock()
+        now = now_of(conn)
         row = repo.get_node(conn, node)
         if row is not None and row.credential_hash is not None and (
                 body.credential is None
@@ -114,21 +114,40 @@ def _apply_heads(conn: Any, heads: list[Any], reported: dict[str, Any],
             continue
         if not row.desired or row.state == "failed":
             continue
-        state = rep["state"] if rep["state"] != "stopped" else "failed"
+        stopped = rep["state"] == ReportedState.STOPPED
+        state = (ReplicaState.FAILED if stopped else ReplicaState(rep["state"])).value
         values: dict[str, Any] = {"state": state, "port": rep.get("port"),
                                   "pid": rep.get("pid"), "updated": now,
                                   "progress": _progress(rep)}
-        if state == "failed":
+        if state == ReplicaState.FAILED:
             values["last_error"] = rep.get("last_error") or "the engine stopped"
             gone.add(row.id)
+        elif state == ReplicaState.READY:
+            values["last_error"] = None                  # the history stays in the events
         if all(getattr(row, k) == v for k, v in values.items() if k != "updated"):
             continue                                     # nothing new: no write
         repo.update_replica(conn, row.id, **values)
-        if state != row.state and state in ("ready", "failed"):
-            repo.add_event(conn, now, state, row.model,
-                           f"replica {row.id} on {row.node} is {state}"
-                           + (f": {values['last_error']}" if state == "failed" else ""))
+        if state != row.state:
+            _replica_event(conn, row, state, values.get("last_error"), stopped, now)
     return gone
+
+
+def _replica_event(conn: Any, row: Any, state: str, error: str | None, stopped: bool,
+                   now: float) -> None:
+    """The event of a replica that became ready or failed; a ready replica clears its
+    model's last error (a model that serves again shows no stale error; `ctl events`
+    keeps it)."""
+    where = f"replica {row.id} on {row.node}"
+    if state == ReplicaState.READY:
+        again = (" again (its agent reports it ready after a router could not reach it)"
+                 if row.state == ReplicaState.UNREACHABLE else "")
+        repo.add_event(conn, now, "ready", row.model, f"{where} is ready{again}")
+        model = repo.get_model(conn, row.model)
+        if model is not None and model.last_error is not None:
+            repo.update_model(conn, row.model, last_error=None)
+    elif state == ReplicaState.FAILED:
+        repo.add_event(conn, now, "stopped" if stopped else "failed", row.model,
+                       f"{where} " + ("stopped" if stopped else "is failed") + f": {error}")
 
 
 def _apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any],
@@ -175,8 +194,8 @@ def report() -> Any:
         # Idempotent (the report states what is, the answer is re-read): retried through
         # a store failover, so agents see a pause rather than errors.
         answer: dict[str, Any] = {"report_interval_s": interval}
-        now = clock()
-        before = repo.get_node(conn, node)
+        now = now_of(conn)
+        before = g.node_row             # read when its credential was checked
         repo.record_report(conn, node, body, now, problem)
         if before is not None and before.problem != problem:
             repo.add_event(conn, now, "node", node, problem or "the node's report is usable "

@@ -22,7 +22,7 @@ from ..status import summary as status_summary
 from ..store import repo
 from . import snapshot
 from .decide import Changes, Fleet, Settings, decide, new_definition, unpark_values
-from .states import model_state
+from .states import model_state, start_streak
 
 log = logging.getLogger(__name__)
 
@@ -151,14 +151,18 @@ def unpark(conn: Connection, name: str, now: float, by: str = "an operator") -> 
 
 
 def activate(conn: Connection, name: str, now: float, settings: Settings
-             ) -> tuple[str, str | None]:
+             ) -> tuple[str, str | None, dict[str, Any]]:
     """Someone wants ``name`` now: forget the last placement result, want an on-demand
-    model, and try placing at once. Returns (state, reason) for the router."""
+    model, and try placing at once. Returns (state, reason, the current start streak)
+    for the router. A model whose current streak failed keeps its activation time, so the
+    failure stays current for every router (``states.start_streak``) until the next start."""
     model = repo.get_model(conn, name)
     if model is None:
         raise NotFoundError(f"model {name!r} is not in the catalog")
+    streak = start_streak(model, now, settings.backoff)
     repo.update_model(conn, name, placement_reason=None,
-                      activated_at=now if model.on_demand else model.activated_at)
+                      activated_at=now if model.on_demand and not streak["failures"]
+                      else model.activated_at)
     fleet = read(conn)
     live = [r for r in fleet.replicas if r.desired and r.state != "failed"]
     plan = place(snapshot.build(list(fleet.models.values()), list(fleet.nodes.values()),
@@ -171,5 +175,5 @@ def activate(conn: Connection, name: str, now: float, settings: Settings
     model = repo.get_model(conn, name)
     state = model_state(model, [r for r in fleet.replicas if r.model == name], now)
     if state.state in ("idle", "activating", "stopped") and not reason:
-        return "starting", state.reason
-    return state.state, state.reason
+        return "starting", state.reason, streak
+    return state.state, state.reason, streak

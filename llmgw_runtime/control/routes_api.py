@@ -1,4 +1,4 @@
-"""Router API: the routes table, the idle map and activation."""
+"""Router API: the routes table, the idle map, activation and unreachable replicas."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
 
+from ..api.fields import clean
 from ..api.parse import parse_json
-from ..api.router import ActivateRequest, IdleMap
-from ..errors import NotFoundError
-from ..placement import place
+from ..api.router import ActivateRequest, IdleMap, Unreachable
+from ..api.states import ReplicaState
 from ..store import repo
-from . import snapshot
+from . import fleet
 from .identity import url_host
-from .states import model_state
-from .web import clock, require, store
+from .states import model_state, start_streak
+from .web import fleet_settings, now_of, require, store
 
 bp = Blueprint("routes", __name__, url_prefix="/api/v1")
 
@@ -23,8 +23,9 @@ bp = Blueprint("routes", __name__, url_prefix="/api/v1")
 @bp.get("/routes")
 @require("router", "admin")
 def routes() -> Any:
-    now = clock()
+    backoff = current_app.config["LLMGW"].backoff
     with store().begin() as conn:
+        now = now_of(conn)
         models = repo.list_models(conn)
         nodes = {n.name: n for n in repo.list_nodes(conn)}
         replicas = repo.list_replicas(conn)
@@ -39,26 +40,61 @@ def routes() -> Any:
         endpoints = []
         for rep in reps:
             node = nodes.get(rep.node)
-            if rep.desired and rep.state == "ready" and rep.port and node and node.address:
+            if rep.desired and rep.state == ReplicaState.READY and rep.port and node \
+                    and node.address:
                 endpoints.append({"replica_id": rep.id,
                                   "url": f"http://{url_host(node.address)}:{rep.port}"})
-        out.append({"name": model.name, "state": state.state, "reason": state.reason,
-                    "on_demand": bool(model.on_demand), "endpoints": endpoints})
+        reason = state.reason
+        if not endpoints and state.state not in ("parked", "unplaceable"):
+            # Say why a model with replicas running is not routed: a router could not reach
+            # them, and their agents have not reported since.
+            unreachable = [r for r in reps
+                           if r.desired and r.state == ReplicaState.UNREACHABLE]
+            if unreachable:
+                reason = (f"replica {unreachable[0].id} on {unreachable[0].node}: "
+                          f"{unreachable[0].last_error}; waiting for its agent's next report")
+        out.append({"name": model.name, "state": state.state, "reason": clean(reason),
+                    "on_demand": bool(model.on_demand), "endpoints": endpoints,
+                    **clean(start_streak(model, now, backoff))})
     return jsonify({"models": out, "api_key_hashes": key_hashes})
 
 
 @bp.post("/idle")
 @require("router")
 def idle() -> Any:
-    last_used = parse_json(IdleMap, request.get_data(cache=True), what="idle map").replicas
+    idle_s = parse_json(IdleMap, request.get_data(cache=True), what="idle map").replicas
 
     def write(conn: Any) -> None:      # idempotent (newest time wins): retried on failover
+        # Routers send seconds since last use; the store's clock makes them times, so a
+        # router host's clock never decides idleness.
+        now = now_of(conn)
         known = {r.id: r for r in repo.list_replicas(conn)}
-        for replica_id, when in last_used.items():
+        for replica_id, ago in idle_s.items():
+            when = now - ago
             row = known.get(replica_id)
             # Several routers post maps: keep the newest time seen.
             if row is not None and (row.last_used is None or when > row.last_used):
                 repo.update_replica(conn, replica_id, last_used=float(when))
+    store().write(write)
+    return "", 204
+
+
+@bp.post("/unreachable")
+@require("router")
+def unreachable() -> Any:
+    """A router could not connect to a replica: it is no longer routed (routes list only
+    ready replicas) until a report of its agent, received after this mark, says ready."""
+    body = parse_json(Unreachable, request.get_data(cache=True), what="unreachable report")
+
+    def write(conn: Any) -> None:      # idempotent: only a ready replica is marked
+        now = now_of(conn)
+        row = repo.mark_unreachable(conn, body.replica_id, now,
+                                    f"a router could not connect to it: {body.reason}")
+        if row is not None:
+            repo.add_event(conn, now, "unreachable", row.model,
+                           f"replica {row.id} on {row.node} is unreachable from a router "
+                           f"({body.reason}); not routed until its agent reports it ready "
+                           "again")
     store().write(write)
     return "", 204
 
@@ -68,30 +104,8 @@ def idle() -> Any:
 def activate() -> Any:
     name = parse_json(ActivateRequest, request.get_data(cache=True),
                       what="activation request").model
-    config = current_app.config["LLMGW"]
     with store().begin() as conn:
-        now = clock()
-        model = repo.get_model(conn, name)
-        if model is None:
-            raise NotFoundError(f"model {name!r} is not in the catalog")
-        # A fresh attempt: forget the last placement result, want the model now.
-        repo.update_model(conn, name, placement_reason=None,
-                          activated_at=now if model.on_demand else model.activated_at)
-        models = repo.list_models(conn)
-        replicas = repo.list_replicas(conn)
-        nodes = repo.list_nodes(conn)
-        live = [r for r in replicas if r.desired and r.state != "failed"]
-        plan = place(snapshot.build(models, nodes, live, now, config.node_timeout_s,
-                                    parts=repo.parts_by_replica(conn),
-                                    replace_after_s=config.replace_after_s,
-                                    backoff=config.backoff))
-        reason = plan.unplaceable.get(name)
-        if reason:
-            repo.update_model(conn, name, placement_reason=reason)
-        model = repo.get_model(conn, name)
-        state = model_state(model, [r for r in replicas if r.model == name], now)
-    if state.state in ("idle", "activating", "stopped") and not reason:
-        answer = "starting"
-    else:
-        answer = state.state
-    return jsonify({"model": name, "state": answer, "reason": state.reason})
+        state, reason, streak = fleet.activate(conn, name, now_of(conn), fleet_settings())
+    answer = state
+    return jsonify({"model": name, "state": answer, "reason": clean(reason),
+                    **clean(streak)})

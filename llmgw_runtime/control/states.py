@@ -80,3 +80,22 @@ def model_state(model: Any, replicas: list[Any], now: float) -> ModelState:
     if wanted == 0:
         return ModelState(model.name, "stopped", "replicas is 0 in the catalog", 0, 0)
     return ModelState(model.name, "starting", model.last_error, 0, wanted)
+
+
+def start_streak(model: Any, now: float, backoff: tuple[float, float]
+                 ) -> dict[str, Any]:
+    """The model's current start streak as routers need it: failed starts in a row, the
+    last error and the seconds until the next start may begin. Nothing while no start of
+    the streak failed. An on-demand model's failures count only when they happened after
+    it was last activated: a streak that ended when the model went idle is no reason to
+    refuse the request that wakes it up."""
+    failures = int(model.consecutive_failures or 0)
+    if failures < 1 or (model.on_demand and (
+            model.activated_at is None or model.last_failure_at is None
+            or model.last_failure_at < model.activated_at)):
+        return {"failures": 0, "last_error": None, "retry_after_s": None}
+    wait = 0.0
+    if model.last_failure_at is not None:
+        wait = max(0.0, model.last_failure_at + backoff_s(failures, *backoff) - now)
+    return {"failures": failures, "last_error": model.last_error,
+            "retry_after_s": round(wait, 3)}

@@ -137,6 +137,7 @@ def require(*kinds: str) -> Callable[[F], F]:
                                      f"use a {' or '.join(kinds)} token")
             g.principal_kind = kind
             g.principal = account.name if account else node.name  # type: ignore[union-attr]
+            g.node_row = node            # a node's row as authenticated (its report uses it)
             return view(*args, **kwargs)
 
         return inner  # type: ignore[return-value]

@@ -7,6 +7,7 @@ gunicorn calls :func:`create_app` in each gevent worker (after gevent has patche
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -23,12 +24,15 @@ from .errors import (
     InvalidApiKey,
     InvalidJson,
     InvalidRequest,
+    ModelFailing,
     ModelNotFound,
     ModelNotReady,
     ModelParked,
     ModelUnplaceable,
+    ReplicasUnreachable,
     RequestTooLarge,
     RouterError,
+    UpstreamError,
     error_body,
 )
 from .metrics import CONTENT_TYPE, UNKNOWN_MODEL, MetricsMiddleware, RouterMetrics
@@ -58,9 +62,10 @@ class RouterState:
         self.balancer = Balancer()
         self.control = ControlClient(config.control_url, config.router_token,
                                      ca_file=config.ca_file)
-        self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s)
         self.routes = RoutesCache(self.control, config.refresh_interval_s,
                                   self.balancer.last_used, on_table=self._on_table)
+        self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s,
+                                   on_unreachable=self.routes.report_unreachable)
         self._activated: dict[str, tuple[float, dict[str, Any]]] = {}
 
     def _on_table(self, table: RoutesTable) -> None:
@@ -135,31 +140,96 @@ class RouterState:
         self._activated[model] = (now, answer)
         return answer
 
+    def table_for(self, model: str, table: RoutesTable) -> RoutesTable:
+        """``table``, or for a model it does not list a table fetched after now: a model
+        added by `ctl apply` a moment ago is never answered 404 (the fetch is shared)."""
+        if model in table.models:
+            return table
+        return self.routes.refresh_since(time.time()) or table
+
     def resolve(self, model: str, table: RoutesTable) -> ModelRoute:
-        """The model's route with at least one endpoint, activating and waiting if needed."""
+        """The model's route with at least one usable endpoint (not marked down), activating
+        and waiting if needed; refused at once when parked, unplaceable or failing."""
         route = table.models.get(model)
         if route is None:
             raise ModelNotFound(f"model '{model}' is not in the catalog; GET /v1/models lists "
                                 "the models this router serves", param="model")
-        if route.endpoints:
+        if self.balancer.usable(route.endpoints):
             return route
         _refuse(route.state, route.reason, model)
-        answer = self._activate(model)
-        _refuse(str(answer.get("state") or ""), answer.get("reason"), model)
-        deadline = time.monotonic() + self.config.activation_timeout_s
+        _refuse_failing(model, route.failures, route.last_error, route.retry_after_s,
+                        table.fetched_at)
+        if route.state != ModelState.READY:   # ready, but this worker cannot reach it: wait
+            answer = self._activate(model)
+            _refuse(str(answer.get("state") or ""), answer.get("reason"), model)
+            _refuse_failing(model, int(answer.get("failures") or 0), answer.get("last_error"),
+                            answer.get("retry_after_s"), time.time())
+        started = time.monotonic()
+        deadline = started + self.config.activation_timeout_s
+        # Ready replicas this worker cannot connect to: the control service takes them out
+        # within a tick or two of hearing it; when it still lists them after that (it is
+        # away, or their agent insists), the honest answer is that they failed (502).
+        down_deadline = started + min(self.config.activation_timeout_s,
+                                      2 * self.config.refresh_interval_s + 1.0)
         step = min(0.5, self.config.refresh_interval_s)
+        fetched_at = table.fetched_at
         while time.monotonic() < deadline:
-            time.sleep(step)
+            time.sleep(max(0.0, min(step, deadline - time.monotonic())))
             current = self.routes.refresh(max_age_s=step)
-            route = (current.models.get(model) if current else None) or route
-            if route.endpoints:
+            if current is not None and model in current.models:
+                route, fetched_at = current.models[model], current.fetched_at
+            if self.balancer.usable(route.endpoints):
                 return route
             _refuse(route.state, route.reason, model)
+            _refuse_failing(model, route.failures, route.last_error, route.retry_after_s,
+                            fetched_at)
+            if route.endpoints and time.monotonic() >= down_deadline:
+                self._refuse_down(model, route)
+        down = [f"{e.replica_id}: {why}" for e in route.endpoints
+                if (why := self.balancer.down(e.replica_id))]
         raise ModelNotReady(f"model '{model}' has no ready replica after "
                             f"{self.config.activation_timeout_s:g} s (state: {route.state}"
                             + (f", {route.reason}" if route.reason else "")
+                            + (f"; this router could not connect to {'; '.join(down)}"
+                               if down else "")
                             + "); retry later, `llmgw ctl status` shows its progress",
                             param="model")
+
+    def _refuse_down(self, model: str, route: ModelRoute) -> None:
+        down = [f"{e.replica_id} ({e.url}): {why}" for e in route.endpoints
+                if (why := self.balancer.down(e.replica_id))]
+        raise UpstreamError(f"no replica of model '{model}' can be reached from this router: "
+                            + "; ".join(down) + ". The control service still lists them as "
+                            "ready; retry shortly, `llmgw ctl status` shows the replicas' "
+                            "state")
+
+    def forward(self, model: str, route: ModelRoute, path: str, body: bytes) -> Response:
+        """Proxy to the route's replicas. When none could be connected to (nothing reached
+        an engine), wait once for what the control service makes of it (another replica,
+        or an honest refusal) instead of answering 502 at once."""
+        headers = upstream_headers(request.headers.items())
+        try:
+            return self.upstreams.forward(model, route.endpoints, path, body, headers)
+        except ReplicasUnreachable:
+            table = self.routes.refresh(max_age_s=0.1) or self.current_table()
+            route = self.resolve(model, table)
+        return self.upstreams.forward(model, route.endpoints, path, body, headers)
+
+
+def _refuse_failing(model: str, failures: int, last_error: str | None,
+                    retry_after_s: float | None, fetched_at: float) -> None:
+    """No ready replica and the current start streak failed: refuse now, saying why and
+    when the next start may begin, instead of making the client wait on it."""
+    if failures < 1:
+        return
+    left = max(0.0, (retry_after_s or 0.0) - max(0.0, time.time() - fetched_at))
+    when = (f"The next start may begin in {math.ceil(left)} s" if left > 0
+            else "The next start is under way")
+    raise ModelFailing(f"model '{model}' has no ready replica ({failures} failure"
+                       + ("" if failures == 1 else "s") + " in a row; last error: "
+                       f"{last_error or 'unknown'}). {when}: retry after the Retry-After "
+                       "seconds; `llmgw ctl status` shows its progress",
+                       retry_after_s=left, param="model")
 
 
 def _refuse(state: str, reason: Any, model: str) -> None:
@@ -218,6 +288,8 @@ def _error_response(exc: RouterError) -> Response:
     RouterMetrics.error_answered(request.environ, exc.code)
     resp = jsonify(exc.body())
     resp.status_code = exc.status
+    if isinstance(exc, ModelFailing):
+        resp.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     return resp
 
 
@@ -260,11 +332,11 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
             raise InvalidRequest(f"'model' is {len(model)} characters long; model names have at "
                                  f"most {MAX_MODEL_NAME}: set it to one of the ids GET /v1/models "
                                  "lists", param="model")
+        table = state.table_for(model, table)
         state.metrics.model_named(request.environ,
                                   model if model in table.models else UNKNOWN_MODEL)
         route = state.resolve(model, table)
-        return state.upstreams.forward(model, route.endpoints, path, body,
-                                       upstream_headers(request.headers.items()))
+        return state.forward(model, route, path, body)
 
     @bp.post("/v1/chat/completions")
     def chat_completions() -> Response:

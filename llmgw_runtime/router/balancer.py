@@ -1,7 +1,9 @@
 """Least-outstanding-requests balancing across a model's ready endpoints. Pure and small.
 
 State is per worker process (each gunicorn worker has its own balancer). ``acquire``
-records the last use of the chosen replica under the lock it already holds.
+records the last use of the chosen replica under the lock it already holds. A replica this
+worker could not connect to is marked down: skipped until a routes table no longer lists
+it (the control service has taken it out) or ``DOWN_COOL_DOWN_S`` passes.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+
+DOWN_COOL_DOWN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,7 @@ class Balancer:
         self._lock = threading.Lock()
         self._outstanding: dict[str, int] = {}
         self._last_used: dict[str, float] = {}
+        self._down: dict[str, tuple[float, str]] = {}   # replica id -> (until, why)
         self._turn = 0  # rotates the start so ties do not always pick the first endpoint
 
     def acquire(self, endpoints: Sequence[Endpoint],
@@ -68,8 +73,38 @@ class Balancer:
             return dict(self._last_used)
 
     def forget_except(self, replica_ids: Collection[str]) -> None:
-        """Drop last-use records of replicas no longer in the routes table (outstanding
-        counts drain by themselves)."""
+        """Drop last-use records and down marks of replicas no longer in the routes table
+        (outstanding counts drain by themselves). A replica listed again later was
+        reported ready by its agent after it left: it is tried again."""
         with self._lock:
             for rid in [r for r in self._last_used if r not in replica_ids]:
                 del self._last_used[rid]
+            for rid in [r for r in self._down if r not in replica_ids]:
+                del self._down[rid]
+
+    def mark_down(self, replica_id: str, why: str,
+                  cool_down_s: float = DOWN_COOL_DOWN_S) -> bool:
+        """Skip ``replica_id`` for ``cool_down_s``; True when it was not marked already."""
+        with self._lock:
+            fresh = self._down_locked(replica_id) is None
+            self._down[replica_id] = (self._clock() + cool_down_s, why)
+            return fresh
+
+    def _down_locked(self, replica_id: str) -> str | None:
+        mark = self._down.get(replica_id)
+        if mark is None:
+            return None
+        if self._clock() >= mark[0]:
+            del self._down[replica_id]
+            return None
+        return mark[1]
+
+    def down(self, replica_id: str) -> str | None:
+        """Why ``replica_id`` is marked down, or None when it is not."""
+        with self._lock:
+            return self._down_locked(replica_id)
+
+    def usable(self, endpoints: Sequence[Endpoint]) -> tuple[Endpoint, ...]:
+        """The endpoints not marked down."""
+        with self._lock:
+            return tuple(e for e in endpoints if self._down_locked(e.replica_id) is None)

@@ -71,3 +71,22 @@ class ModelNotReady(RouterError):
 
 class UpstreamError(RouterError):
     status, code = 502, "upstream_error"
+
+
+class ReplicasUnreachable(UpstreamError):
+    """No endpoint of the model could be connected to: nothing reached an engine, so the
+    router waits for the control service's view once before answering (a 502 when it
+    still has nothing better)."""
+
+
+class ModelFailing(RouterError):
+    """No ready replica and the model's current start streak has failed: refused at once
+    with the last error, the attempts so far and ``retry_after_s`` (the Retry-After
+    header: when the next start may begin)."""
+
+    status, code = 503, "model_failing"
+
+    def __init__(self, message: str, *, retry_after_s: float, param: str | None = None
+                 ) -> None:
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s

@@ -2,14 +2,16 @@
 
 One urllib3 ``HTTPConnectionPool`` per upstream, made lazily in the worker (after gevent has
 patched). Streams pass through chunk by chunk as they arrive; a client that goes away
-closes the half-read upstream connection instead of returning it to the pool.
+closes the half-read upstream connection instead of returning it to the pool. A replica
+that cannot be connected to is marked down in this worker and handed to ``on_unreachable``
+(the router tells the control service on its next tick, never on the request's time).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import urllib3
@@ -18,7 +20,7 @@ from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError
 from urllib3.response import BaseHTTPResponse, HTTPResponse
 
 from .balancer import Balancer, Endpoint
-from .errors import UpstreamError
+from .errors import ReplicasUnreachable, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,9 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
 # The client's API key is the router's business, not the engine's: it is never forwarded.
 _DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization"}
 _DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length"}
-# Failures where the upstream sent nothing yet: safe to try another replica.
+# Failures where the upstream sent nothing yet: safe to try another replica. Only a
+# failure to connect marks the replica down: a reset of a reused keep-alive connection
+# can be a race with the engine closing it, and the retry tells the two apart.
 _BEFORE_FIRST_BYTE = (NewConnectionError, ProtocolError)
 
 
@@ -44,8 +48,10 @@ def downstream_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
 class Upstreams:
     """Connection pools per upstream URL, and the forward-with-one-retry logic."""
 
-    def __init__(self, balancer: Balancer, timeout_s: float, maxsize: int = 2000) -> None:
+    def __init__(self, balancer: Balancer, timeout_s: float, maxsize: int = 2000,
+                 on_unreachable: Callable[[str, str], None] | None = None) -> None:
         self._balancer = balancer
+        self._on_unreachable = on_unreachable
         self._timeout = urllib3.Timeout(connect=min(10.0, timeout_s), read=timeout_s)
         self._maxsize = maxsize
         self._pools: dict[str, urllib3.HTTPConnectionPool] = {}
@@ -75,12 +81,16 @@ class Upstreams:
 
     def forward(self, model: str, endpoints: Sequence[Endpoint], path: str, body: bytes,
                 headers: dict[str, str]) -> Response:
-        """POST ``body`` to the least busy endpoint; a failure before the first byte is
-        tried once more on another replica (the same one when it is the only one)."""
+        """POST ``body`` to the least busy endpoint not marked down; a failure before the
+        first byte is tried once more on another replica (the same one when it is the only
+        one, unless it refused the connection: then it is marked down and skipped).
+        Raises ReplicasUnreachable when no endpoint could be connected to (nothing reached
+        an engine: the caller may wait for the control service's view and try again)."""
         tried: list[str] = []
         failures: list[str] = []
+        unreachable_only = True
         for _ in range(2):
-            ep = self._balancer.acquire(endpoints, avoid=tried)
+            ep = self._balancer.acquire(self._balancer.usable(endpoints), avoid=tried)
             if ep is None:
                 break
             tried.append(ep.replica_id)
@@ -92,8 +102,12 @@ class Upstreams:
             except _BEFORE_FIRST_BYTE as exc:
                 self._balancer.release(ep.replica_id)
                 failures.append(f"{ep.replica_id} ({ep.url}): {_describe(exc)}")
-                log.warning("replica %s of %s failed before answering (%s)", ep.replica_id,
-                            model, _describe(exc))
+                if isinstance(exc, NewConnectionError):
+                    self._unreachable(model, ep, _describe(exc))
+                else:
+                    unreachable_only = False
+                    log.warning("replica %s of %s failed before answering (%s)",
+                                ep.replica_id, model, _describe(exc))
                 continue
             except HTTPError as exc:
                 self._balancer.release(ep.replica_id)
@@ -102,9 +116,24 @@ class Upstreams:
                                     "replica with `llmgw ctl status` if it persists",
                                     ) from None
             return self._respond(model, ep, resp)
+        if unreachable_only:
+            raise ReplicasUnreachable(
+                f"no replica of model '{model}' could be reached from this router"
+                + (": " + "; ".join(failures) if failures else " (every one is marked "
+                   "down after a failed connection)")
+                + ". Retry shortly; `llmgw ctl status` shows the replicas' state")
         raise UpstreamError(f"every tried replica of model '{model}' failed before answering: "
                             + "; ".join(failures)
                             + ". Retry shortly; `llmgw ctl status` shows the replicas' state")
+
+    def _unreachable(self, model: str, ep: Endpoint, why: str) -> None:
+        if not self._balancer.mark_down(ep.replica_id, why):
+            return
+        log.warning("replica %s of %s (%s) refused the connection (%s); not routing to it "
+                    "from this worker until the control service confirms it", ep.replica_id,
+                    model, ep.url, why)
+        if self._on_unreachable is not None:
+            self._on_unreachable(ep.replica_id, why)
 
     def _respond(self, model: str, ep: Endpoint, resp: BaseHTTPResponse) -> Response:
         ctype = resp.headers.get("content-type", "")

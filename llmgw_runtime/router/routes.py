@@ -3,7 +3,8 @@
 A per-worker :class:`RoutesCache` polls ``GET /api/v1/routes`` every tick from a background
 thread (a greenlet under gevent), started lazily on the first request so that it lives in
 the worker, after gevent has patched. It keeps the last good table while control is
-unreachable and posts the idle map once a tick.
+unreachable and, once a tick, posts the replicas this worker could not connect to and the
+idle map (requests never wait on those posts).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 import pydantic
 
 from ..api.parse import problems
-from ..api.router import ActivateAnswer, ActivateRequest, IdleMap, Routes
+from ..api.router import ActivateAnswer, ActivateRequest, IdleMap, Routes, Unreachable
 from ..api.transport import RemoteError, Transport
 from ..errors import LlmgwError
 from .balancer import Endpoint
@@ -35,6 +36,9 @@ class ModelRoute:
     reason: str | None
     on_demand: bool
     endpoints: tuple[Endpoint, ...]
+    failures: int = 0                    # the current start streak (api.router.RouteModel)
+    last_error: str | None = None
+    retry_after_s: float | None = None   # when the table was fetched
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> Ro
     models: dict[str, ModelRoute] = {}
     for m in doc.models:
         eps = tuple(Endpoint(e.replica_id, e.url.rstrip("/")) for e in m.endpoints)
-        models[m.name] = ModelRoute(m.name, str(m.state), m.reason, m.on_demand, eps)
+        models[m.name] = ModelRoute(m.name, str(m.state), m.reason, m.on_demand, eps,
+                                    m.failures, m.last_error, m.retry_after_s)
     hashes = frozenset(doc.api_key_hashes)
     old = previous.first_seen if previous else {}
     first_seen = {name: old.get(name, int(now)) for name in models}
@@ -101,6 +106,14 @@ class ControlClient:
                             ActivateAnswer)
         return answer.model_dump(mode="json")
 
+    def post_unreachable(self, replica_id: str, reason: str) -> None:
+        try:
+            self._transport.request("POST", "/api/v1/unreachable",
+                                    Unreachable(replica_id=replica_id, reason=reason))
+        except LlmgwError as exc:
+            raise ControlError(f"unreachable replica not accepted: {str(exc)[:300]}"
+                               ) from None
+
     def post_idle(self, replicas: dict[str, float]) -> None:
         try:
             self._transport.request("POST", "/api/v1/idle", IdleMap(replicas=replicas))
@@ -127,6 +140,8 @@ class RoutesCache:
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._unreachable: dict[str, str] = {}     # replica id -> why, posted next tick
+        self._unreachable_lock = threading.Lock()
 
     @property
     def table(self) -> RoutesTable | None:
@@ -157,18 +172,55 @@ class RoutesCache:
         with self._refresh_lock:
             if max_age_s and self._clock() - self._last_attempt < max_age_s:
                 return self._table
-            self._last_attempt = self._clock()
-            try:
-                doc = self._client.get_routes()
-                table = parse_table(doc, self._clock(), self._table)
-            except (ControlError, ValueError, KeyError, TypeError) as exc:
-                self._set_problem(str(exc))
-                return self._table
-            self._table = table
-            self._set_problem(None)
-        if self._on_table is not None:
+            table = self._fetch_locked()
+        if table is not None and self._on_table is not None:
             self._on_table(table)
+        return table or self._table
+
+    def refresh_since(self, since: float, min_gap_s: float = 0.2) -> RoutesTable | None:
+        """The table from a fetch that began at or after ``since`` (this cache's clock):
+        what the control service said after a caller learnt something (a model it does
+        not know). Concurrent callers share a fetch, and fetches begin at most every
+        ``min_gap_s``, so made-up model names cannot make the router hammer the control
+        service. Returns the last good table (maybe None)."""
+        with self._refresh_lock:
+            if self._last_attempt >= since:
+                return self._table
+            wait = min(min_gap_s, self._last_attempt + min_gap_s - self._clock())
+            if wait > 0:
+                time.sleep(wait)
+            table = self._fetch_locked()
+        if table is not None and self._on_table is not None:
+            self._on_table(table)
+        return table or self._table
+
+    def _fetch_locked(self) -> RoutesTable | None:
+        """One fetch (the refresh lock held); the new table, or None when it failed."""
+        self._last_attempt = self._clock()
+        try:
+            doc = self._client.get_routes()
+            table = parse_table(doc, self._clock(), self._table)
+        except (ControlError, ValueError, KeyError, TypeError) as exc:
+            self._set_problem(str(exc))
+            return None
+        self._table = table
+        self._set_problem(None)
         return table
+
+    def report_unreachable(self, replica_id: str, reason: str) -> None:
+        """Queue ``replica_id`` for the control service (posted on the next tick)."""
+        with self._unreachable_lock:
+            if len(self._unreachable) < 1000:
+                self._unreachable[replica_id] = reason
+
+    def _post_unreachable(self) -> None:
+        with self._unreachable_lock:
+            queued, self._unreachable = self._unreachable, {}
+        for replica_id, reason in queued.items():
+            try:
+                self._client.post_unreachable(replica_id, reason)
+            except ControlError as exc:   # its agent's next report tells control anyway
+                log.warning("replica %s not reported unreachable: %s", replica_id, exc)
 
     def _set_problem(self, problem: str | None) -> None:
         if problem == self._problem:
@@ -181,9 +233,12 @@ class RoutesCache:
         self._problem = problem
 
     def tick(self) -> None:
-        """One cycle: refresh the table, then post the idle map."""
+        """One cycle: post the replicas this worker could not reach (so that the table
+        fetched next leaves them out), refresh the table, then post the idle map."""
+        self._post_unreachable()
         self.refresh()
-        idle = self._idle_map()
+        now = self._clock()
+        idle = {rid: max(0.0, now - used) for rid, used in self._idle_map().items()}
         if idle:
             try:
                 self._client.post_idle(idle)

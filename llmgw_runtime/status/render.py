@@ -23,7 +23,7 @@ COLOURS = {"red": "31", "yellow": "33", "green": "32", "dim": "2", "bold": "1"}
 STATE_COLOUR = {"ready": "green", "idle": "dim", "parked": "red", "unplaceable": "red",
                 "failed": "red", "starting": "yellow", "activating": "yellow",
                 "pending": "yellow", "fetching": "yellow", "stopping": "dim",
-                "stopped": "dim"}
+                "stopped": "dim", "unreachable": "yellow"}
 
 SECTIONS = ("head", "capacity", "fabrics", "models", "problems", "idle", "store")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

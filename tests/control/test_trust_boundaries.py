@@ -89,6 +89,13 @@ def test_an_infinite_idle_time_is_refused_and_replicas_stay_valid_json(api: Api)
     assert resp.status_code == 200
     json.loads(resp.get_data(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     assert resp.json["replicas"][0]["last_used"] is None
+    # A router says how long ago it used the replica; the store's clock makes it a time.
+    assert api.call("POST", "/api/v1/idle", ROUTER,
+                    json={"replicas": {rid: 120.0}}).status_code == 204
+    with api.store.begin() as conn:
+        now = api.store.now(conn)
+    last_used = api.call("GET", "/api/v1/replicas").json["replicas"][0]["last_used"]
+    assert now - 130 < last_used < now - 110
 
 
 def test_the_join_token_cannot_take_over_a_node(api: Api) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,38 @@ def test_a_corrupt_model_is_parked_refused_at_once_and_served_after_retry(
     assert metric(c.control_url, "llmgw_model_parked", model="corrupt") == 0
     assert metric(c.control_url, "llmgw_model_ready_replicas", model="corrupt") == 1
     assert metric(c.control_url, "llmgw_replicas", state="ready") == 1
+
+
+def test_a_crash_looping_model_is_refused_at_once_with_the_engines_error_and_retry_after(
+        cluster_factory: Any, tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 4096)
+    c: Cluster = cluster_factory()
+    c.start_control(env={"LLMGW_BACKOFF_BASE_S": "20", "LLMGW_BACKOFF_CAP_S": "60"})
+    c.start_router()
+    c.start_agent()
+    c.apply(tiny_catalog(corrupt, name="corrupt"))
+    wait_until(lambda: c.model("corrupt")["consecutive_failures"] >= 1, 60,
+               "the first failed start")
+
+    def refused() -> tuple[float, Any] | None:
+        started = time.monotonic()
+        resp = urllib.request.Request(
+            c.router_url + "/v1/chat/completions", method="POST",
+            data=json.dumps({"model": "corrupt", "messages": []}).encode(),
+            headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(resp, timeout=60)
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read())
+            return time.monotonic() - started, (exc.code, exc.headers, body["error"])
+        return None
+    elapsed, (status, headers, error) = wait_until(refused, 5, "the refusal")
+    assert status == 503 and error["code"] == "model_failing", error
+    assert elapsed < 1.0, elapsed                        # never waits on a failing start
+    assert "gguf" in error["message"].lower()            # the engine's own words
+    assert "1 failure in a row" in error["message"]
+    assert 1 <= int(headers["Retry-After"]) <= 20
 
 
 def test_on_demand_starts_on_first_request_stops_when_idle_and_survives_a_router_restart(

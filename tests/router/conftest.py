@@ -3,14 +3,16 @@ thread), and the real router served by ``serve.run`` in a subprocess."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from werkzeug.wrappers import Request, Response
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
@@ -26,9 +28,33 @@ API_KEY = "sk-llmgw-test-key"
 
 
 def model(name: str, state: str = "ready", endpoints: Sequence[tuple[str, str]] = (),
-          reason: str | None = None, on_demand: bool = False) -> dict[str, Any]:
+          reason: str | None = None, on_demand: bool = False,
+          **streak: Any) -> dict[str, Any]:
+    """A routes-table entry; ``streak``: failures, last_error, retry_after_s."""
     return {"name": name, "state": state, "reason": reason, "on_demand": on_demand,
-            "endpoints": [{"replica_id": rid, "url": url} for rid, url in endpoints]}
+            "endpoints": [{"replica_id": rid, "url": url} for rid, url in endpoints],
+            **streak}
+
+
+class Control(FakeControl):
+    """The stand-in control service, also taking ``POST /api/v1/unreachable`` (recorded,
+    then ``on_unreachable`` may change the table as the control service would)."""
+
+    def __init__(self, routes: dict[str, Any], token: str) -> None:
+        self.unreachable_posts: list[dict[str, Any]] = []
+        self.on_unreachable: Callable[[dict[str, Any]], None] | None = None
+        super().__init__(routes, token)
+
+    def _wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
+        req = Request(environ)
+        if (req.method == "POST" and req.path == "/api/v1/unreachable"
+                and req.headers.get("Authorization") == f"Bearer {self.token}"):
+            body = json.loads(req.get_data())
+            self.unreachable_posts.append(body)
+            if self.on_unreachable is not None:
+                self.on_unreachable(body)
+            return Response(b"", 204)(environ, start_response)
+        return super()._wsgi(environ, start_response)
 
 
 def table(*models: dict[str, Any], keys: Sequence[str] = (API_KEY,)) -> dict[str, Any]:
@@ -69,8 +95,8 @@ def _base_models(engines: dict[str, str], dead_url: str) -> list[dict[str, Any]]
 
 
 @pytest.fixture(scope="session")
-def control(engines: dict[str, str], dead_url: str) -> Iterator[FakeControl]:
-    ctl = FakeControl(table(*_base_models(engines, dead_url)), ROUTER_TOKEN)
+def control(engines: dict[str, str], dead_url: str) -> Iterator[Control]:
+    ctl = Control(table(*_base_models(engines, dead_url)), ROUTER_TOKEN)
 
     def make_ready() -> None:
         models = [m for m in ctl.routes["models"] if m["name"] != "ondemand"]

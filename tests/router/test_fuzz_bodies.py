@@ -35,7 +35,7 @@ def fuzz_client(dead_url: str) -> Iterator[FlaskClient]:
                       ROUTER_TOKEN).start()
     app: Flask = create_app(RouterConfig(control_url=ctl.url, router_token=ROUTER_TOKEN,
                                          require_api_key=False, refresh_interval_s=0.5,
-                                         max_body_mb=0.0625))
+                                         activation_timeout_s=0.05, max_body_mb=0.0625))
     try:
         yield app.test_client()
     finally:

@@ -94,3 +94,74 @@ def test_parse_table_keeps_first_seen_and_rejects_bad_shape() -> None:
     assert t2.api_key_hashes == frozenset({"ab" * 32})
     with pytest.raises(ValueError):
         parse_table({"nope": 1}, 0.0)
+
+
+def test_balancer_skips_a_replica_marked_down_until_the_table_drops_it_or_it_cools() -> None:
+    now = [1000.0]
+    b = Balancer(clock=lambda: now[0])
+    assert b.mark_down("r1", "refused", cool_down_s=30) is True
+    assert b.mark_down("r1", "refused again", cool_down_s=30) is False    # reported once
+    assert b.usable([E1, E2]) == (E2,) and b.down("r1") == "refused again"
+    b.forget_except({"r1", "r2"})                      # still listed: still down
+    assert b.usable([E1, E2]) == (E2,)
+    b.forget_except({"r2"})                            # control took it out
+    assert b.down("r1") is None and b.usable([E1, E2]) == (E1, E2)
+    b.mark_down("r2", "refused", cool_down_s=30)
+    now[0] += 30                                       # cool-down passed
+    assert b.usable([E2]) == (E2,)
+
+
+def test_parse_table_carries_the_start_streak_and_defaults_to_none() -> None:
+    doc = {"models": [
+        {"name": "m", "state": "starting", "failures": 2, "last_error": "bad magic",
+         "retry_after_s": 9.5},
+        {"name": "n", "state": "ready"}]}
+    t = parse_table(doc, 1.0)
+    assert (t.models["m"].failures, t.models["m"].last_error,
+            t.models["m"].retry_after_s) == (2, "bad magic", 9.5)
+    assert (t.models["n"].failures, t.models["n"].last_error) == (0, None)
+    with pytest.raises(ValueError, match="failures"):
+        parse_table({"models": [{"name": "m", "state": "ready", "failures": -1}]}, 1.0)
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def get_routes(self) -> dict[str, object]:
+        self.calls.append("routes")
+        return {"models": []}
+
+    def post_unreachable(self, replica_id: str, reason: str) -> None:
+        self.calls.append(f"unreachable {replica_id}: {reason}")
+
+    def post_idle(self, replicas: dict[str, float]) -> None:
+        self.calls.append("idle")
+
+
+def test_tick_posts_unreachable_replicas_before_fetching_the_table() -> None:
+    from llmgw_runtime.router.routes import RoutesCache
+
+    client = _Client()
+    cache = RoutesCache(client, 1.0, lambda: {"r1": 5.0})  # type: ignore[arg-type]
+    cache.report_unreachable("r1", "refused")
+    cache.report_unreachable("r1", "refused")
+    assert client.calls == []                          # never on the request's time
+    cache.tick()
+    assert client.calls == ["unreachable r1: refused", "routes", "idle"]
+    cache.tick()
+    assert client.calls[3:] == ["routes", "idle"]
+
+
+def test_refresh_since_shares_one_fetch_begun_after_the_caller_asked() -> None:
+    from llmgw_runtime.router.routes import RoutesCache
+
+    now = [100.0]
+    client = _Client()
+    cache = RoutesCache(client, 1.0, dict, clock=lambda: now[0])  # type: ignore[arg-type]
+    cache.refresh()
+    assert client.calls == ["routes"]
+    assert cache.refresh_since(100.0) is not None and client.calls == ["routes"]  # shared
+    now[0] = 100.5
+    cache.refresh_since(100.4)
+    assert client.calls == ["routes", "routes"]
