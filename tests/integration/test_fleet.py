@@ -80,7 +80,7 @@ def test_a_two_node_replica_runs_across_one_fabric_and_a_dead_part_fails_it(
     assert "cannot place big2: needs 2 whole nodes in one fabric; ib-a has 0 free, ib-b 1" in out
     assert "FABRIC" in out and "ib-a" in out and "ib-b" in out
     code, out = ctl(c, "replicas")
-    assert f"{rep['node']}:0 +{rep['parts'][0]['node']}:0" in out and "ready" in out
+    assert f"{rep['node']}:0 + {rep['parts'][0]['node']}:0" in out and "ready" in out
 
     # kill the worker's engine: the part fails, so does the replica, with the reason
     worker_pid = rep["parts"][0]["pid"]
