@@ -131,15 +131,14 @@ class Agent:
         A report that cannot be sent is logged; it never keeps the agent from exiting."""
         running = self.supervisor.states()
         self.supervisor.stop_all()
-        if not running:
-            return
         message = f"the agent on {self.config.node_name} stopped this replica: {why}"
         stopped = [{"id": r["id"], "model": r.get("model"), "state": "stopped",
                     "port": None, "pid": None,
                     "last_error": r.get("last_error") if r["state"] == "failed" else message}
                    for r in running]
         try:
-            report = parse(Report, clean({**self.report_dict(), "replicas": stopped}),
+            report = parse(Report, clean({**self.report_dict(), "replicas": stopped,
+                                          "stopping": True}),
                            what="last report of this agent")
             self.client.report(report)
             log.info("reported %d replica(s) stopped", len(stopped))

@@ -138,6 +138,9 @@ class Report(Message):
     replicas: list[ReplicaReport] = Field(default_factory=list, max_length=MAX_LIST)
     weights: Weights = Field(default_factory=Weights)
     sources_hash: Annotated[str, Field(max_length=64)] | None = None
+    # The agent's last report: it is exiting and has stopped its engines, so the node is
+    # not capacity from now on (not when it goes silent, node_timeout_s later).
+    stopping: Bool = False
 
     @model_validator(mode="after")
     def _unique(self) -> Report:

@@ -186,6 +186,9 @@ def report() -> Any:
     problem = identity.address_problem(parsed.address, request.remote_addr,
                                        _resolve(parsed.address or ""),
                                        config.agent_network_list)
+    if parsed.stopping:
+        problem = ("its agent stopped and stopped its engines; the node is not used until "
+                   "the agent runs again")
     body = parsed.model_dump(mode="json", by_alias=True)
     reported = {r["id"]: r for r in body["replicas"]}
     node, interval = g.principal, config.report_interval_s
@@ -196,7 +199,7 @@ def report() -> Any:
         answer: dict[str, Any] = {"report_interval_s": interval}
         now = now_of(conn)
         before = g.node_row             # read when its credential was checked
-        repo.record_report(conn, node, body, now, problem)
+        repo.record_report(conn, node, body, now, problem, alive=not parsed.stopping)
         if before is not None and before.problem != problem:
             repo.add_event(conn, now, "node", node, problem or "the node's report is usable "
                            "in full again")

@@ -134,13 +134,14 @@ def node_by_credential(conn: Connection, credential_hash: str) -> Any | None:
 
 
 def record_report(conn: Connection, name: str, report: dict[str, Any], now: float,
-                  problem: str | None = None) -> None:
+                  problem: str | None = None, alive: bool = True) -> None:
     """Store a parsed report (``api.agent.Report`` as JSON); ``problem`` says what of it
-    was not used (its address is then not stored)."""
+    was not used (its address is then not stored). An agent's last report (``alive``
+    false) leaves the node not heard from, so it is not capacity from now on."""
     conn.execute(nodes.update().where(nodes.c.name == name).values(
         address=report.get("address") if problem is None else None, problem=problem,
         fabric=report.get("fabric"),
-        agent_version=report.get("agent_version"), last_report=now,
+        agent_version=report.get("agent_version"), last_report=now if alive else None,
         devices=json.dumps(report.get("devices", [])),
         engines=json.dumps(report.get("engines", [])),
         weights=json.dumps(report.get("weights", {})),

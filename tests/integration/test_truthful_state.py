@@ -67,6 +67,9 @@ def test_an_agent_stopping_its_engines_reports_them_stopped_before_it_exits(
     assert "the agent on node1 stopped this replica" in message, message
     assert "stop_engines_on_exit" in message
     assert not c.model("tiny")["state"] == "ready"
+    # The node is no longer capacity, and says why (it said "ok" until it went silent).
+    (node,) = c.admin.get("/api/v1/nodes")["nodes"]
+    assert node["last_report"] is None and "agent stopped" in node["problem"], node
 
     def refused() -> tuple[float, requests.Response] | None:
         elapsed, resp = chat(c, "tiny", timeout=30)
