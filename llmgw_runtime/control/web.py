@@ -30,8 +30,9 @@ def clock() -> float:
 
 
 def now_of(conn: Any) -> float:
-    """The fleet's clock: the store's, read in the transaction ``conn`` (fleet.py)."""
-    return store().now(conn)
+    """The fleet's clock: the store's (``Store.clock``: its offset from this process's
+    clock, measured every few seconds), for the transaction ``conn`` (fleet.py)."""
+    return store().clock(conn)
 
 
 def fleet_settings() -> Settings:

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 COMMIT_TIMEOUT_S = 10.0    # a COMMIT waiting longer for the sync standby is not acknowledged
+CLOCK_REFRESH_S = 10.0      # how often Store.clock measures its offset again
 RETRY_FOR_S = 30.0         # longer than a node-crash failover (Patroni ttl 20 s + promotion)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -120,6 +121,7 @@ class Store:
     def __init__(self, url: str, *, commit_timeout_s: float = COMMIT_TIMEOUT_S,
                  retry_for_s: float = RETRY_FOR_S) -> None:
         self.url = url
+        self._clock_offset = (0.0, -1e9)         # (database - local seconds, when measured)
         self.commit_timeout_s = commit_timeout_s
         self.retry_for_s = retry_for_s
         if url.startswith("sqlite:"):
@@ -234,6 +236,22 @@ class Store:
         else:
             sql = "SELECT extract(epoch from clock_timestamp())"
         return float(conn.exec_driver_sql(sql).scalar_one())
+
+    def clock(self, conn: Connection) -> float:
+        """The database clock without a query per call: this process's wall clock plus its
+        offset from the database's, measured again every CLOCK_REFRESH_S (one query per
+        process per refresh instead of one per request). Web views use it; leases and the
+        reconciler read ``now`` itself."""
+        local = time.time()
+        offset, measured_at = self._clock_offset
+        if time.monotonic() - measured_at > CLOCK_REFRESH_S:
+            before = time.time()
+            db = self.now(conn)
+            after = time.time()
+            offset = db - (before + after) / 2
+            self._clock_offset = (offset, time.monotonic())
+            local = after
+        return local + offset
 
     def migrate(self) -> str:
         """Apply every Alembic migration; returns the revision now in place."""

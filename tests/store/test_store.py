@@ -109,3 +109,11 @@ def test_an_unreachable_store_is_a_clear_error(tmp_path) -> None:  # type: ignor
     message = str(info.value)
     assert "cannot be reached" in message and "secret" not in message
     assert "llmgw:***@127.0.0.1" in message
+
+
+def test_the_store_clock_without_a_query_agrees_with_the_database_clock(store: Store) -> None:
+    with store.begin() as conn:
+        exact = store.now(conn)
+        cached = store.clock(conn)
+        later = store.clock(conn)
+    assert abs(cached - exact) < 0.5 and later >= cached
