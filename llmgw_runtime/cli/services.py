@@ -38,8 +38,8 @@ def server(ctx: click.Context, **flags: Any) -> None:
     config = friendly(lambda: settings.load(ControlConfig, **flags))
     ctx.obj = config
     if ctx.invoked_subcommand is None:
-        from ..control.config import private_dir
         from ..control.serve import run
+        from ..security import private_dir
 
         private_dir(config.state_dir)          # the SQLite store's directory: 0700
         friendly(lambda: run(config))
@@ -49,7 +49,7 @@ def server(ctx: click.Context, **flags: Any) -> None:
 @click.pass_obj
 def migrate(config: Any) -> None:
     """Apply the store's migrations and exit."""
-    from ..control.config import private_dir
+    from ..security import private_dir
     from ..store import Store
 
     private_dir(config.state_dir)

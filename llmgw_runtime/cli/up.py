@@ -21,8 +21,8 @@ from typing import Any
 
 import click
 
-from ..control.config import default_state_dir, private_dir
-from ..security import new_token
+from ..control.config import default_state_dir
+from ..security import new_token, private_dir
 from .client import Client
 from .supervise import RestartPolicy, Supervised, log_since
 

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import tls
-from ..security import private_dir as private_dir  # re-exported for cli/up.py
-
-log = logging.getLogger(__name__)
 
 
 def default_state_dir() -> Path:

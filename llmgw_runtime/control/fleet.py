@@ -34,6 +34,15 @@ def read(conn: Connection) -> Fleet:
                  replicas=repo.list_replicas(conn), parts=repo.parts_by_replica(conn))
 
 
+def dry_snapshot(fleet: Fleet, now: float, settings: Settings) -> Any:
+    """The planner's snapshot of the fleet as it stands, its failed replicas left out
+    (what ``ctl plan`` and an activation place against)."""
+    live = [r for r in fleet.replicas if r.desired and r.state != "failed"]
+    return snapshot.build(list(fleet.models.values()), list(fleet.nodes.values()), live,
+                          now, settings.node_timeout_s, parts=fleet.parts,
+                          replace_after_s=settings.replace_after_s, backoff=settings.backoff)
+
+
 def write(conn: Connection, changes: Changes, now: float) -> None:
     """Store what ``decide`` decided, events last and in the order they were decided."""
     for replica_id in changes.delete_replicas:
@@ -91,10 +100,7 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> dict[str, Any
     """What placement would do now, without doing it, and why (``ctl plan``)."""
     fleet = read(conn)
     live = [r for r in fleet.replicas if r.desired and r.state != "failed"]
-    snap = snapshot.build(list(fleet.models.values()), list(fleet.nodes.values()), live,
-                          now, settings.node_timeout_s, parts=fleet.parts,
-                          replace_after_s=settings.replace_after_s, backoff=settings.backoff)
-    result = place(snap)
+    result = place(dry_snapshot(fleet, now, settings))
     node_dicts = [repo.node_to_dict(n) for n in fleet.nodes.values()]
     replica_dicts = [repo.replica_to_dict(r, fleet.parts.get(r.id)) for r in live]
     by_id = {r.id: r for r in live}
@@ -164,11 +170,7 @@ def activate(conn: Connection, name: str, now: float, settings: Settings
                       activated_at=now if model.on_demand and not streak["failures"]
                       else model.activated_at)
     fleet = read(conn)
-    live = [r for r in fleet.replicas if r.desired and r.state != "failed"]
-    plan = place(snapshot.build(list(fleet.models.values()), list(fleet.nodes.values()),
-                                live, now, settings.node_timeout_s, parts=fleet.parts,
-                                replace_after_s=settings.replace_after_s,
-                                backoff=settings.backoff))
+    plan = place(dry_snapshot(fleet, now, settings))
     reason = plan.unplaceable.get(name)
     if reason:
         repo.update_model(conn, name, placement_reason=reason)

@@ -11,7 +11,7 @@ import pytest
 from llmgw_runtime.api.agent import JoinRequest, Report, ReportAnswer
 from llmgw_runtime.api.fields import MAX_TEXT, clean
 from llmgw_runtime.api.parse import MAX_DETAILS, InvalidJSON, parse, parse_json
-from llmgw_runtime.api.router import IdleMap, Routes
+from llmgw_runtime.api.router import IdleMap, Routes, Unreachable
 from llmgw_runtime.api.states import ModelState, ReplicaState, ReportedState
 from llmgw_runtime.errors import ValidationError
 
@@ -123,3 +123,21 @@ def test_states_are_written_once_and_compare_as_text() -> None:
     assert ReplicaState.READY == "ready" and ModelState.PARKED == "parked"
     assert set(ReportedState) - set(ReplicaState) == {ReportedState.STOPPED}
     assert json.dumps({"s": ReplicaState.FAILED}) == '{"s": "failed"}'
+
+
+@pytest.mark.parametrize("cls,base,field,bad", [
+    (JoinRequest, {"node": "n1"}, "credential", 12),
+    (JoinRequest, {"node": "n1"}, "credential", "llmgw-node-" + "x" * 2000),
+    (JoinRequest, {"node": "n1"}, "credential", "llmgw-node-\x1b[2J"),
+    (JoinRequest, {"node": "n1"}, "credential", {"nested": ["x"]}),
+    (Report, {"node": "n1"}, "stopping", "yes"),
+    (Report, {"node": "n1"}, "stopping", 1),
+    (Unreachable, {"replica_id": "r-1"}, "reason", "refused\x1b]0;owned\x07"),
+    (Unreachable, {"replica_id": "r-1"}, "reason", "x" * (MAX_TEXT + 1)),
+    (Unreachable, {"replica_id": "r-1"}, "reason", ["refused"]),
+    (Unreachable, {"reason": "refused"}, "replica_id", float("inf")),
+])
+def test_a_hostile_value_of_each_new_field_is_named(cls: Any, base: dict[str, Any],
+                                                    field: str, bad: Any) -> None:
+    details = problems_of(cls, {**base, field: bad})
+    assert any(d.startswith(field) for d in details), details

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from llmgw_runtime.agent.config import AgentConfig
 from llmgw_runtime.cli.main import cli
 from llmgw_runtime.cli.up import Child, demo_model_path, prepare_state, stored_catalog
-from llmgw_runtime.control.config import private_dir
+from llmgw_runtime.security import private_dir
 from llmgw_runtime.store.db import Store
 
 

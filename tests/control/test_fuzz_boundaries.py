@@ -31,7 +31,7 @@ JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=20)
 REPORT_KEYS = ["node", "address", "agent_version", "fabric", "devices", "device_problems",
                "device_source", "driver_version", "cards", "engines", "replicas", "weights",
-               "sources_hash"]
+               "sources_hash", "stopping"]
 DEVICE_KEYS = list(CPU) + ["processes", "temperature_c", "profile"]
 
 
@@ -126,7 +126,8 @@ def test_bad_reports_never_stop_placement_on_the_other_nodes(fleet: Fleet,
 @FUZZ
 def test_join_idle_activate_and_keys_answer_4xx_to_anything(fleet: Fleet, body: bytes) -> None:
     for path, token in (("/api/v1/agent/join", JOIN), ("/api/v1/idle", ROUTER),
-                        ("/api/v1/activate", ROUTER), ("/api/v1/keys", ADMIN)):
+                        ("/api/v1/activate", ROUTER), ("/api/v1/unreachable", ROUTER),
+                        ("/api/v1/keys", ADMIN)):
         resp = fleet.post(path, token, body)
         no_5xx(resp, f"{path} {body[:200]!r}")
         if resp.status_code < 300 and path == "/api/v1/keys":
