@@ -27,6 +27,10 @@ class TransportError(LlmgwError):
     reason = "control_unavailable"
 
 
+class Unreachable(TransportError):
+    """No answer at all: the connection failed or timed out."""
+
+
 class RemoteError(LlmgwError):
     """The control service answered with an error: its status, reason and message."""
 
@@ -88,8 +92,8 @@ class Transport:
             raw = resp.read(MAX_ANSWER + 1)
             resp.release_conn()
         except urllib3.exceptions.HTTPError as exc:
-            raise TransportError(f"the control service at {self.base} is unreachable: "
-                                 f"{_short(exc)}") from None
+            raise Unreachable(f"the control service at {self.base} is unreachable: "
+                              f"{_short(exc)}") from None
         if len(raw) > MAX_ANSWER:
             raise TransportError(f"{method} {path}: the answer is over {MAX_ANSWER} bytes")
         try:

@@ -12,7 +12,7 @@ import pydantic
 
 from .. import tls
 from ..api.parse import problems
-from ..api.transport import RemoteError, Transport, TransportError
+from ..api.transport import RemoteError, Transport, TransportError, Unreachable
 from ..control.config import default_state_dir
 
 
@@ -58,12 +58,12 @@ class Client:
                                             content_type=content_type)
         except RemoteError as exc:
             raise ApiError(exc.status, exc.reason, exc.message, exc.details) from None
+        except Unreachable as exc:
+            raise click.ClickException(
+                f"cannot reach the control service at {self.url}: {exc.message}; is "
+                "`llmgw server` (or `llmgw up`) running? Set --url or LLMGW_CONTROL_URL"
+            ) from None
         except TransportError as exc:
-            if "unreachable" in exc.message:
-                raise click.ClickException(
-                    f"cannot reach the control service at {self.url}: {exc.message}; is "
-                    "`llmgw server` (or `llmgw up`) running? Set --url or LLMGW_CONTROL_URL"
-                ) from None
             raise click.ClickException(str(exc)) from None
         if answer is not None:
             try:
