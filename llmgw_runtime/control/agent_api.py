@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import socket
@@ -13,30 +12,22 @@ from flask import Blueprint, current_app, g, jsonify, request
 
 from ..api.agent import JoinAnswer, JoinRequest, Report
 from ..api.parse import parse_json
-from ..api.states import LIVE_REPLICA_STATES, ReplicaState, ReportedState
 from ..errors import ConflictError, ForbiddenError
-from ..security import hash_token, new_token
+from ..security import bearer, hash_token, new_token
 from ..store import repo
 from . import identity
-from .assignments import assignments_for, part_id
-from .web import now_of, require, store
+from .assignments import Cached, assignments_for, devices_key, part_id
+from .reports import (
+    Heartbeats,
+    NodeEntry,
+    ReportCache,
+    apply_heads,
+    apply_parts,
+    unchanged,
+)
+from .web import authenticate, now_of, require, store
 
 bp = Blueprint("agent", __name__, url_prefix="/api/v1/agent")
-
-SOURCES_TTL_S = 5.0
-_sources_cache: dict[str, Any] = {"at": -1e9, "sources": [], "hash": ""}
-
-
-def catalog_sources(conn: Any) -> tuple[list[str], str]:
-    """The catalog's sources and their hash, re-read at most every few seconds per process
-    (agents look for these in their weights directories)."""
-    now = time.monotonic()
-    if now - _sources_cache["at"] > SOURCES_TTL_S:
-        sources = sorted({m.source for m in repo.list_models(conn)})
-        digest = hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
-        _sources_cache.update(at=now, sources=sources, hash=digest)
-    return _sources_cache["sources"], _sources_cache["hash"]
-
 
 @bp.post("/join")
 @require("join")
@@ -86,136 +77,118 @@ def _resolve(name: str) -> tuple[str, ...]:
     return hit[1]
 
 
-def _progress(rep: dict[str, Any]) -> str | None:
-    progress = rep.get("progress")
-    if rep["state"] != "fetching" or not isinstance(progress, dict):
-        return None
-    keep = {k: progress.get(k) for k in ("bytes", "total", "rate_bps")
-            if isinstance(progress.get(k), int | float) and not isinstance(progress.get(k), bool)}
-    return json.dumps(keep)
+def install(app: Any) -> None:
+    """The app's report caches and heartbeat writer (one per process: each gunicorn worker
+    loads its own app, control/serve.py starts its writer)."""
+    cache = app.extensions["llmgw.reports"] = ReportCache()
+    app.extensions["llmgw.heartbeats"] = Heartbeats(lambda: app.extensions["llmgw.store"],
+                                                    cache.forget)
 
 
-def _apply_heads(conn: Any, heads: list[Any], reported: dict[str, Any],
-                 now: float) -> set[str]:
-    """Write what the agent says of the replicas it heads; returns the ids that are gone
-    or failed now (they get no assignment)."""
-    gone: set[str] = set()
-    for row in heads:
-        rep = reported.get(row.id)
-        if rep is None:
-            if not row.desired:
-                repo.delete_replica(conn, row.id)        # stopped as asked
-                gone.add(row.id)
-            elif row.state in LIVE_REPLICA_STATES:
-                repo.update_replica(
-                    conn, row.id, state="failed", updated=now,
-                    last_error=f"the agent on {row.node} no longer runs this replica")
-                gone.add(row.id)
-            continue
-        if not row.desired or row.state == "failed":
-            continue
-        stopped = rep["state"] == ReportedState.STOPPED
-        state = (ReplicaState.FAILED if stopped else ReplicaState(rep["state"])).value
-        values: dict[str, Any] = {"state": state, "port": rep.get("port"),
-                                  "pid": rep.get("pid"), "updated": now,
-                                  "progress": _progress(rep)}
-        if state == ReplicaState.FAILED:
-            values["last_error"] = rep.get("last_error") or "the engine stopped"
-            gone.add(row.id)
-        elif state == ReplicaState.READY:
-            values["last_error"] = None                  # the history stays in the events
-        if all(getattr(row, k) == v for k, v in values.items() if k != "updated"):
-            continue                                     # nothing new: no write
-        repo.update_replica(conn, row.id, **values)
-        if state != row.state:
-            _replica_event(conn, row, state, values.get("last_error"), stopped, now)
-    return gone
-
-
-def _replica_event(conn: Any, row: Any, state: str, error: str | None, stopped: bool,
-                   now: float) -> None:
-    """The event of a replica that became ready or failed; a ready replica clears its
-    model's last error (a model that serves again shows no stale error; `ctl events`
-    keeps it)."""
-    where = f"replica {row.id} on {row.node}"
-    if state == ReplicaState.READY:
-        again = (" again (its agent reports it ready after a router could not reach it)"
-                 if row.state == ReplicaState.UNREACHABLE else "")
-        repo.add_event(conn, now, "ready", row.model, f"{where} is ready{again}")
-        model = repo.get_model(conn, row.model)
-        if model is not None and model.last_error is not None:
-            repo.update_model(conn, row.model, last_error=None)
-    elif state == ReplicaState.FAILED:
-        repo.add_event(conn, now, "stopped" if stopped else "failed", row.model,
-                       f"{where} " + ("stopped" if stopped else "is failed") + f": {error}")
-
-
-def _apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any],
-                 now: float) -> set[str]:
-    """The same for worker parts on this node; returns the part ids failed now."""
-    gone: set[str] = set()
-    for part in parts:
-        rep = reported.get(part_id(part.replica_id, part.rank))
-        if part.state == "failed":
-            continue
-        if rep is None:
-            if part.state in ("starting", "ready"):
-                repo.update_part(conn, part.replica_id, part.rank, state="failed", updated=now,
-                                 last_error=f"the agent on {part.node} no longer runs this "
-                                            "part")
-                gone.add(part_id(part.replica_id, part.rank))
-            continue
-        state = rep["state"] if rep["state"] != "stopped" else "failed"
-        error = (rep.get("last_error") or "the engine stopped") if state == "failed" else None
-        if state == "failed":
-            gone.add(part_id(part.replica_id, part.rank))
-        if state != part.state or rep.get("pid") != part.pid:
-            repo.update_part(conn, part.replica_id, part.rank, state=state, pid=rep.get("pid"),
-                             last_error=error, updated=now)
-    return gone
+def caches() -> tuple[ReportCache, Heartbeats]:
+    ext = current_app.extensions
+    return ext["llmgw.reports"], ext["llmgw.heartbeats"]
 
 
 @bp.post("/report")
-@require("node")
+@require("node", in_transaction=True)
 def report() -> Any:
-    parsed = parse_json(Report, request.get_data(cache=True), what="report")
-    if parsed.node != g.principal:
-        raise ForbiddenError(f"this credential belongs to node {g.principal!r}, "
-                             f"not {parsed.node!r}")
+    """A node's report, answered with its assignments: from this process's caches when it
+    repeats what is stored, else in one transaction whose first statement checks the
+    credential (control/reports.py)."""
+    cache, heartbeats = caches()
+    raw = request.get_data(cache=True)
+    token_hash = hash_token(bearer(request.headers.get("Authorization")) or "")
     config = current_app.config["LLMGW"]
-    problem = identity.address_problem(parsed.address, request.remote_addr,
-                                       _resolve(parsed.address or ""),
-                                       config.agent_network_list)
-    if parsed.stopping:
-        problem = ("its agent stopped and stopped its engines; the node is not used until "
-                   "the agent runs again")
-    body = parsed.model_dump(mode="json", by_alias=True)
-    reported = {r["id"]: r for r in body["replicas"]}
-    node, interval = g.principal, config.report_interval_s
+    generation = cache.generation(store())
+    entry = cache.node(token_hash, generation)
+    parsed = None
+    if entry is not None:                                # a credential seen in this process
+        parsed = parse_json(Report, raw, what="report")
+        answer = _steady(cache, heartbeats, entry, parsed, generation, config)
+        if answer is not None:
+            return jsonify(answer)
 
     def write(conn: Any) -> dict[str, Any]:
         # Idempotent (the report states what is, the answer is re-read): retried through
         # a store failover, so agents see a pause rather than errors.
-        answer: dict[str, Any] = {"report_interval_s": interval}
+        authenticate(conn)
+        report = parsed or parse_json(Report, raw, what="report")
+        node, before = g.principal, g.node_row           # as stored before this report
+        if report.node != node:
+            raise ForbiddenError(f"this credential belongs to node {node!r}, "
+                                 f"not {report.node!r}")
+        problem = _problem(report, config)
+        body = report.model_dump(mode="json", by_alias=True)
+        reported = {r["id"]: r for r in body["replicas"]}
         now = now_of(conn)
-        before = g.node_row             # read when its credential was checked
-        repo.record_report(conn, node, body, now, problem, alive=not parsed.stopping)
-        if before is not None and before.problem != problem:
+        heartbeats.drop(node)                            # this write supersedes it
+        repo.record_report(conn, node, body, now, problem, alive=not report.stopping,
+                           before=before)
+        if before.problem != problem:
             repo.add_event(conn, now, "node", node, problem or "the node's report is usable "
                            "in full again")
+        answer: dict[str, Any] = {"report_interval_s": config.report_interval_s}
         if problem:
             answer["problems"] = [problem]
+        devices = devices_key(body["devices"])
         heads = repo.list_replicas(conn, node=node)
         parts = repo.parts_on_node(conn, node)
-        gone = _apply_heads(conn, heads, reported, now)
-        gone |= _apply_parts(conn, parts, reported, now)
+        gone = apply_heads(conn, heads, reported, now)
+        gone |= apply_parts(conn, parts, reported, now)
         answer["assignments"] = assignments_for(
             conn, body["devices"],
             heads=[r for r in heads if r.id not in gone],
             parts=[p for p in parts if part_id(p.replica_id, p.rank) not in gone])
-        if parsed.sources_hash is not None:
-            sources, digest = catalog_sources(conn)
-            if body["sources_hash"] != digest:
-                answer.update(sources=sources, sources_hash=digest)
+        sources, digest = cache.catalog_sources(conn, before.generation)
+        if report.sources_hash is not None and report.sources_hash != digest:
+            answer.update(sources=sources, sources_hash=digest)
+        if before.generation is not None and not report.stopping:
+            # Valid under the generation read with the credential: if this transaction
+            # moved it, nothing cached here is used again.
+            cache.answers.put(node, Cached(before.generation, devices, heads, parts,
+                                           answer["assignments"]))
+            cache.remember(token_hash, NodeEntry(
+                node, body.get("address") if problem is None else None, problem,
+                repo.inventory_of(body)[1], before.generation))
         return answer
     return jsonify(store().write(write))
+
+
+def _problem(report: Report, config: Any) -> str | None:
+    """What of the report is not used (its address), or the agent saying it stops."""
+    if report.stopping:
+        return ("its agent stopped and stopped its engines; the node is not used until "
+                "the agent runs again")
+    return identity.address_problem(report.address, request.remote_addr,
+                                    _resolve(report.address or ""), config.agent_network_list)
+
+
+def _steady(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, report: Report,
+            generation: int | None, config: Any) -> dict[str, Any] | None:
+    """The answer to a report that repeats what is stored, from this process's caches, its
+    last report time and devices left to the heartbeat writer; None when the report must
+    be handled in a transaction."""
+    if generation is None or report.node != entry.name or report.stopping:
+        return None
+    body = report.model_dump(mode="json", by_alias=True)
+    problem = _problem(report, config)
+    address = body.get("address") if problem is None else None
+    if problem != entry.problem or address != entry.address \
+            or repo.inventory_of(body)[1] != entry.inventory:
+        return None
+    hit = cache.answers.get(entry.name, generation, devices_key(body["devices"]))
+    sources = cache.cached_sources(generation)
+    if hit is None or sources is None:
+        return None
+    if not unchanged(hit.heads, hit.parts, {r["id"]: r for r in body["replicas"]}):
+        return None
+    g.principal_kind, g.principal = "node", entry.name
+    heartbeats.put(entry.name, store().clock_cached(), json.dumps(body["devices"]))
+    answer: dict[str, Any] = {"report_interval_s": config.report_interval_s,
+                              "assignments": hit.assignments}
+    if problem:
+        answer["problems"] = [problem]
+    if report.sources_hash is not None and report.sources_hash != sources[1]:
+        answer.update(sources=sources[0], sources_hash=sources[1])
+    return answer

@@ -49,6 +49,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     app.extensions["llmgw.store"] = store_ or Store(config.store_url)
     app.extensions["llmgw.store_health"] = StoreHealth(config.store_members_urls)
     install_error_handlers(app)
+    agent_api.install(app)
     for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, status_api.bp, console.bp):
         app.register_blueprint(bp)
     metrics.install(app, app.extensions["llmgw.store"], config)

@@ -23,6 +23,9 @@ class ControlConfig:
     port: int = 8470
     workers: int = 2
     threads: int = 8
+    # Connections each worker holds open: every agent and router keeps one alive, so at
+    # least the number of agents (gunicorn's default, 1,000, refused the 1,001st agent).
+    worker_connections: int = 5000
     # Bootstrap secrets: when given, their hashes are stored at start. No defaults: when
     # absent and none is stored yet, the server generates one and shows it once.
     admin_token: str = ""
@@ -66,6 +69,9 @@ class ControlConfig:
             problems.append(f"LLMGW_PORT={self.port} is not a TCP port (1-65535)")
         if self.workers < 1:
             problems.append("LLMGW_WORKERS must be at least 1")
+        if self.worker_connections < 1:
+            problems.append("LLMGW_WORKER_CONNECTIONS must be at least 1 (each agent and "
+                            "router keeps a connection open: at least the number of agents)")
         if self.lease_ttl_s <= self.reconcile_interval_s * 2:
             problems.append("LLMGW_LEASE_TTL_S must be more than twice "
                             "LLMGW_RECONCILE_INTERVAL_S, or leadership flaps")

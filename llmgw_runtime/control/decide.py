@@ -68,7 +68,7 @@ class Changes:
 
     delete_replicas: list[str] = field(default_factory=list)
     model_updates: dict[str, dict[str, Any]] = field(default_factory=dict)
-    node_problems: dict[str, str] = field(default_factory=dict)
+    node_problems: dict[str, str | None] = field(default_factory=dict)
     starts: list[Start] = field(default_factory=list)
     stops: list[tuple[str, str]] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
@@ -187,11 +187,14 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
                           settings.node_timeout_s, parts=fleet.parts,
                           replace_after_s=settings.replace_after_s,
                           backoff=settings.backoff, unusable=unusable)
-    for name, problem in unusable.items():
-        if fleet.nodes[name].problem != problem:
-            changes.node_problems[name] = problem
-            changes.events.append(("node", name, f"node {name} is left out of placement: "
-                                                 f"{problem}"))
+    for name, node in fleet.nodes.items():
+        problem = unusable.get(name)
+        if getattr(node, "plan_problem", None) == problem:
+            continue
+        changes.node_problems[name] = problem
+        changes.events.append(("node", name, f"node {name} is left out of placement: "
+                                             f"{problem}" if problem else
+                               f"node {name} is used for placement again"))
     plan = place(snap)
     deleted = set(changes.delete_replicas)
     ports_on = _ports_by_node(fleet, deleted)

@@ -50,7 +50,7 @@ def write(conn: Connection, changes: Changes, now: float) -> None:
     for name, values in changes.model_updates.items():
         repo.update_model(conn, name, **values)
     for name, problem in changes.node_problems.items():
-        repo.set_node_problem(conn, name, problem)
+        repo.set_plan_problem(conn, name, problem)
     for start in changes.starts:
         repo.add_replica(conn, start.replica_id, start.model, start.node, start.devices, now,
                          parts=start.parts, rendezvous_port=start.rendezvous_port)

@@ -35,6 +35,7 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             "bind": f"{cfg.host}:{cfg.port}",
             "workers": cfg.workers,
             "threads": cfg.threads,
+            "worker_connections": cfg.worker_connections,
             "worker_class": "gthread",
             "timeout": 60,
             # Agents report every few seconds and routers poll every second over kept-alive
@@ -45,6 +46,7 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             "errorlog": "-",
             "loglevel": "info",
             "proc_name": "llmgw-control",
+            "worker_exit": _worker_exit,
         }.items():
             self.cfg.set(key, value)
         for key, value in tls.gunicorn_options(cfg.tls_cert, cfg.tls_key).items():
@@ -53,7 +55,18 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             self.cfg.set("control_socket_disable", True)
 
     def load(self) -> Any:
-        return create_app(self.llmgw_config)
+        # In the worker (no preload): its steady nodes' last reports are written in batches.
+        app = create_app(self.llmgw_config)
+        app.extensions["llmgw.heartbeats"].start()
+        return app
+
+
+def _worker_exit(server: Any, worker: Any) -> None:
+    """A stopping worker writes the last reports it still holds."""
+    app = getattr(worker, "wsgi", None)
+    beats = getattr(app, "extensions", {}).get("llmgw.heartbeats")
+    if beats is not None:
+        beats.stop()
 
 
 class ReconcilerKeeper:

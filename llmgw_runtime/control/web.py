@@ -91,56 +91,82 @@ def json_body(required: tuple[str, ...] = ()) -> dict[str, Any]:
     return body
 
 
-def require(*kinds: str) -> Callable[[F], F]:
-    """Only a bearer token of one of ``kinds`` (admin, router, join, node) may call this."""
-    from flask import after_this_request
+def require(*kinds: str, in_transaction: bool = False) -> Callable[[F], F]:
+    """Only a bearer token of one of ``kinds`` (admin, router, join, node) may call this.
 
-    from .throttle import TooManyFailures, of, retry_after
+    With ``in_transaction`` (a node's report: the hot path) the view checks the token
+    itself, as the first statement of its own transaction (:func:`authenticate`), so a
+    report costs one transaction, not two."""
 
     def wrap(view: F) -> F:
         @wraps(view)
         def inner(*args: Any, **kwargs: Any) -> Any:
-            # Repeated wrong tokens from one address: refused for a while before any
-            # check (control/throttle.py; per worker process, by TCP peer address).
-            guesses, address = of(current_app.extensions), request.remote_addr or "-"
-            wait = guesses.wait_s(address, clock())
-            if wait > 0:
-                def retry_header(resp: Any) -> Any:
-                    resp.headers["Retry-After"] = retry_after(wait)
-                    return resp
-
-                after_this_request(retry_header)
-                raise TooManyFailures(wait)
-            token = bearer(request.headers.get("Authorization"))
-            if token is None:
-                raise AuthError("this API needs 'Authorization: Bearer <token>'; "
-                                f"use a {' or '.join(kinds)} token")
-            token_hash = hash_token(token)
-            # One indexed lookup: node credentials say what they are (llmgw-node-...).
-            # A read: retried through a store failover like the idempotent writes.
-            def lookup(conn: Any) -> tuple[Any, Any]:
-                if token.startswith(PREFIXES["node"]):
-                    return None, repo.node_by_credential(conn, token_hash)
-                return repo.account_by_hash(conn, token_hash), None
-
-            account, node = store().transaction(lookup, idempotent=True)
-            kind = account.kind if account else ("node" if node else None)
-            if kind is None:
-                refused_s = guesses.failed(address, clock())
-                if refused_s:
-                    current_app.logger.warning(
-                        "repeated wrong tokens from %s; refusing it for %.0f s",
-                        address, refused_s)
-                raise AuthError("the token matches no account; check it, or get a new one")
-            guesses.succeeded(address)
-            if kind not in kinds:
-                raise ForbiddenError(f"a {kind} token cannot call this API; "
-                                     f"use a {' or '.join(kinds)} token")
-            g.principal_kind = kind
-            g.principal = account.name if account else node.name  # type: ignore[union-attr]
-            g.node_row = node            # a node's row as authenticated (its report uses it)
+            token = _presented(kinds)
+            if not in_transaction:
+                # A read: retried through a store failover like the idempotent writes.
+                store().transaction(lambda conn: authenticate(conn, token), idempotent=True)
             return view(*args, **kwargs)
 
         return inner  # type: ignore[return-value]
 
     return wrap
+
+
+def _presented(kinds: tuple[str, ...]) -> str:
+    """The request's bearer token, unless its address is refused for repeated wrong tokens
+    (control/throttle.py; per worker process, by TCP peer address: before any check)."""
+    from flask import after_this_request
+
+    from .throttle import TooManyFailures, of, retry_after
+
+    guesses, address = of(current_app.extensions), request.remote_addr or "-"
+    wait = guesses.wait_s(address, clock())
+    if wait > 0:
+        def retry_header(resp: Any) -> Any:
+            resp.headers["Retry-After"] = retry_after(wait)
+            return resp
+
+        after_this_request(retry_header)
+        raise TooManyFailures(wait)
+    token = bearer(request.headers.get("Authorization"))
+    if token is None:
+        raise AuthError("this API needs 'Authorization: Bearer <token>'; "
+                        f"use {_either(kinds)} token")
+    g.required = kinds
+    return token
+
+
+def _either(kinds: tuple[str, ...]) -> str:
+    article = "an" if kinds[0][0] in "aeiou" else "a"
+    return f"{article} {' or '.join(kinds)}"
+
+
+def authenticate(conn: Any, token: str | None = None) -> None:
+    """Check the request's token in ``conn`` (one indexed lookup; node credentials say what
+    they are, llmgw-node-...) and set ``g.principal_kind``, ``g.principal`` and, for a node,
+    ``g.node_row`` (its name and problem as stored before this request)."""
+    from .throttle import of
+
+    if token is None:
+        token = bearer(request.headers.get("Authorization")) or ""
+    kinds: tuple[str, ...] = g.required
+    token_hash = hash_token(token)
+    account = node = None
+    if token.startswith(PREFIXES["node"]):
+        node = repo.node_by_credential(conn, token_hash)
+    else:
+        account = repo.account_by_hash(conn, token_hash)
+    kind = account.kind if account else ("node" if node else None)
+    guesses, address = of(current_app.extensions), request.remote_addr or "-"
+    if kind is None:
+        refused_s = guesses.failed(address, clock())
+        if refused_s:
+            current_app.logger.warning(
+                "repeated wrong tokens from %s; refusing it for %.0f s", address, refused_s)
+        raise AuthError("the token matches no account; check it, or get a new one")
+    guesses.succeeded(address)
+    if kind not in kinds:
+        raise ForbiddenError(f"a {kind} token cannot call this API; use {_either(kinds)} token")
+    g.principal_kind = kind
+    g.principal = account.name if account else node.name  # type: ignore[union-attr]
+    g.node_row = node

@@ -34,6 +34,7 @@ from .failover import (
     connect_kwargs,
     unreplicated_notice,
 )
+from .schema import generations
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,32 @@ def _postgres_engine(url: str) -> Engine:
     )
 
 
+CHANGED = "llmgw.fleet_changed"
+
+
+def fleet_changed(conn: Connection) -> None:
+    """Note that this transaction changes what a node should run or what is stored of a
+    node beyond its last report: the "fleet" generation moves when it commits, so every
+    control process stops answering reports from what it cached (control/reports.py)."""
+    conn.info[CHANGED] = True
+
+
+def bump(conn: Connection) -> None:
+    """Move the "fleet" generation: the last write of the transaction, so its row lock is
+    held only while committing (no lock-order cycle with any other row)."""
+    row = generations.c
+    done = conn.execute(generations.update().where(row.name == "fleet")
+                        .values(value=row.value + 1))
+    if done.rowcount == 0:
+        conn.execute(generations.insert().values(name="fleet", value=1))
+
+
+def generation() -> Any:
+    """The "fleet" generation as a scalar subquery (NULL before revision 0007)."""
+    return (sa.select(generations.c.value).where(generations.c.name == "fleet")
+            .scalar_subquery())
+
+
 class Store:
     """An engine plus the few things that differ between backends.
 
@@ -122,6 +149,7 @@ class Store:
                  retry_for_s: float = RETRY_FOR_S) -> None:
         self.url = url
         self._clock_offset = (0.0, -1e9)         # (database - local seconds, when measured)
+        self.moves = 0                            # fleet generation moves committed here
         self.commit_timeout_s = commit_timeout_s
         self.retry_for_s = retry_for_s
         if url.startswith("sqlite:"):
@@ -142,9 +170,15 @@ class Store:
         waiting for the synchronous standby)."""
         try:
             with self.engine.connect() as conn, conn.begin() as trans:
+                conn.info.pop(CHANGED, None)
                 yield conn
+                moved = conn.info.pop(CHANGED, None)
+                if moved:
+                    bump(conn)
                 if self.dialect == "postgresql":
                     self._commit(conn, trans)
+            if moved:
+                self.moves += 1            # this process reads its own writes at once
         except DBAPIError as exc:
             why = classify(exc)
             if why is None:
@@ -252,6 +286,10 @@ class Store:
             self._clock_offset = (offset, time.monotonic())
             local = after
         return local + offset
+
+    def clock_cached(self) -> float:
+        """The store's clock from the offset last measured by :meth:`clock` (no query)."""
+        return time.time() + self._clock_offset[0]
 
     def migrate(self) -> str:
         """Apply every Alembic migration; returns the revision now in place."""

@@ -27,12 +27,15 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import LlmgwError, StoreError
-from .db import Store, redact_url
+from .db import Store, bump, redact_url
 from .schema import metadata
 
 log = logging.getLogger(__name__)
 
 BATCH = 1000
+# Every table but the fleet generation (a counter that tells processes their caches are
+# stale, not data): the target keeps its own, moved by the copy.
+TABLES = [t for t in metadata.sorted_tables if t.name != "generations"]
 
 
 class MoveError(LlmgwError):
@@ -115,7 +118,7 @@ def backup_name(db: Path, now: datetime) -> Path:
 
 def snapshot(conn: Connection) -> Snapshot:
     return {t.name: table_state(t, list(conn.execute(sa.select(t)).mappings()))
-            for t in metadata.sorted_tables}
+            for t in TABLES}
 
 
 def _fix_sequences(conn: Connection) -> None:
@@ -134,15 +137,16 @@ def _fix_sequences(conn: Connection) -> None:
 
 def _copy(src: Connection, dst: Connection, replace: bool, dialect: str) -> None:
     if replace:
-        for table in reversed(metadata.sorted_tables):
+        for table in reversed(TABLES):
             dst.execute(table.delete())
-    for table in metadata.sorted_tables:
+    for table in TABLES:
         result = src.execute(sa.select(table)).mappings()
         while True:
             batch = [dict(r) for r in result.fetchmany(BATCH)]
             if not batch:
                 break
             dst.execute(table.insert(), batch)
+    bump(dst)
     if dialect == "postgresql":
         _fix_sequences(dst)
 

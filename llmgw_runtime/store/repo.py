@@ -3,6 +3,7 @@ and does plain SQL through SQLAlchemy Core: the decisions live elsewhere."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -12,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..catalog import ModelSpec
 from . import sessions
+from .db import fleet_changed, generation
 from .schema import accounts, events, leases, models, nodes, replica_parts, replicas
 
 # ---------------------------------------------------------------- models
@@ -66,6 +68,8 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
         for name in sorted(set(existing) - keep):
             delete_model(conn, name)
             result["deleted"].append(name)
+    if result["created"] or result["updated"] or result["deleted"]:
+        fleet_changed(conn)
     return result
 
 
@@ -85,13 +89,20 @@ def get_model(conn: Connection, name: str) -> Any | None:
 
 def delete_model(conn: Connection, name: str) -> bool:
     # Its replicas are told to stop by disappearing from the assignments.
+    fleet_changed(conn)
     ids = sa.select(replicas.c.id).where(replicas.c.model == name)
     conn.execute(replica_parts.delete().where(replica_parts.c.replica_id.in_(ids)))
     conn.execute(replicas.delete().where(replicas.c.model == name))
     return conn.execute(models.delete().where(models.c.name == name)).rowcount > 0
 
 
+# What an assignment carries of its model (control/assignments.py).
+LAUNCH_FIELDS = frozenset({"source", "engine", "profile", "args", "sha256", "size_bytes"})
+
+
 def update_model(conn: Connection, name: str, **values: Any) -> None:
+    if LAUNCH_FIELDS.intersection(values):
+        fleet_changed(conn)
     conn.execute(models.update().where(models.c.name == name).values(**values))
 
 
@@ -103,7 +114,7 @@ def node_to_dict(row: Any) -> dict[str, Any]:
             "last_report": row.last_report, "agent_version": row.agent_version,
             "devices": json.loads(row.devices), "engines": json.loads(row.engines),
             "weights": json.loads(row.weights), "hardware": json.loads(row.hardware),
-            "problem": row.problem}
+            "problem": row.problem or row.plan_problem}
 
 
 def list_nodes(conn: Connection) -> list[Any]:
@@ -115,7 +126,12 @@ def get_node(conn: Connection, name: str) -> Any | None:
 
 
 def set_node_credential(conn: Connection, name: str, credential_hash: str, now: float) -> None:
-    if get_node(conn, name) is None:
+    """A node's new credential; a replaced one stops working in every process (caches of
+    the report path are keyed by credential: the fleet generation moves)."""
+    row = get_node(conn, name)
+    if row is not None and row.credential_hash is not None:
+        fleet_changed(conn)
+    if row is None:
         conn.execute(nodes.insert().values(name=name, credential_hash=credential_hash,
                                            devices="[]", engines="[]", weights="{}",
                                            created=now))
@@ -124,31 +140,85 @@ def set_node_credential(conn: Connection, name: str, credential_hash: str, now: 
                      .values(credential_hash=credential_hash))
 
 
-def set_node_problem(conn: Connection, name: str, problem: str | None) -> None:
-    conn.execute(nodes.update().where(nodes.c.name == name).values(problem=problem))
+def set_plan_problem(conn: Connection, name: str, problem: str | None) -> None:
+    """Why the planner leaves the node out (None: it does not); kept apart from the
+    problem its reports set, so neither overwrites the other."""
+    conn.execute(nodes.update().where(nodes.c.name == name).values(plan_problem=problem))
 
 
 def node_by_credential(conn: Connection, credential_hash: str) -> Any | None:
-    return conn.execute(sa.select(nodes).where(nodes.c.credential_hash == credential_hash)
-                        ).first()
+    """The node a credential belongs to: its name, address, problem, last report and
+    inventory digest, and the fleet generation (store/db.py) as of this read."""
+    return conn.execute(_BY_CREDENTIAL, {"hash": credential_hash}).first()
+
+
+_BY_CREDENTIAL = sa.select(nodes.c.name, nodes.c.address, nodes.c.problem, nodes.c.inventory,
+                           nodes.c.last_report, generation().label("generation")) \
+    .where(nodes.c.credential_hash == sa.bindparam("hash"))
+
+
+def fleet_generation(conn: Connection) -> int | None:
+    """The fleet generation (None before revision 0007)."""
+    value = conn.execute(sa.select(generation())).scalar()
+    return int(value) if value is not None else None
+
+
+def inventory_of(report: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """The slow-changing columns of a report as stored, and their digest."""
+    slow = {"fabric": report.get("fabric") or "",
+            "agent_version": report.get("agent_version") or "",
+            "engines": json.dumps(report.get("engines", [])),
+            "weights": json.dumps(report.get("weights", {})),
+            "hardware": json.dumps({"source": report.get("device_source"),
+                                    "driver_version": report.get("driver_version"),
+                                    "cards": report.get("cards", []),
+                                    "problems": report.get("device_problems", [])})}
+    digest = hashlib.sha256("\0".join(slow.values()).encode()).hexdigest()
+    return slow, digest
 
 
 def record_report(conn: Connection, name: str, report: dict[str, Any], now: float,
-                  problem: str | None = None, alive: bool = True) -> None:
+                  problem: str | None = None, alive: bool = True,
+                  before: Any | None = None) -> None:
     """Store a parsed report (``api.agent.Report`` as JSON); ``problem`` says what of it
     was not used (its address is then not stored). An agent's last report (``alive``
-    false) leaves the node not heard from, so it is not capacity from now on."""
-    conn.execute(nodes.update().where(nodes.c.name == name).values(
-        address=report.get("address") if problem is None else None, problem=problem,
-        fabric=report.get("fabric"),
-        agent_version=report.get("agent_version"), last_report=now if alive else None,
-        devices=json.dumps(report.get("devices", [])),
-        engines=json.dumps(report.get("engines", [])),
-        weights=json.dumps(report.get("weights", {})),
-        hardware=json.dumps({"source": report.get("device_source"),
-                             "driver_version": report.get("driver_version"),
-                             "cards": report.get("cards", []),
-                             "problems": report.get("device_problems", [])})))
+    false) leaves the node not heard from, so it is not capacity from now on.
+
+    ``before`` is the node as stored (``node_by_credential``): engines, weights and
+    hardware are written only when they changed (devices always are: they carry the memory
+    in use). A new address moves the fleet generation (it is in peers' assignments), except
+    on the node's first report (nothing runs there yet)."""
+    slow, digest = inventory_of(report)
+    values: dict[str, Any] = {
+        "address": report.get("address") if problem is None else None, "problem": problem,
+        "last_report": now if alive else None,
+        "devices": json.dumps(report.get("devices", []))}
+    if before is None or digest != before.inventory:
+        values.update(slow, inventory=digest, fabric=report.get("fabric"),
+                      agent_version=report.get("agent_version"))
+    if before is None or (before.inventory is not None
+                          and before.address != values["address"]):
+        fleet_changed(conn)
+    conn.execute(nodes.update().where(nodes.c.name == name).values(**values))
+
+
+_HEARTBEAT = nodes.update().where(
+    nodes.c.name == sa.bindparam("node"), nodes.c.last_report.is_not(None),
+    nodes.c.last_report < sa.bindparam("at")).values(
+    last_report=sa.bindparam("at"), devices=sa.bindparam("devices"))
+
+
+def record_heartbeats(conn: Connection, rows: list[tuple[str, float, str]]) -> list[str]:
+    """Refresh nodes' last report time and devices (node, time, devices JSON): never
+    backwards, and never for a node whose agent said it stopped (NULL last report).
+    Returns the nodes not refreshed (their stored state moved on meanwhile)."""
+    return [n for n, at, d in rows
+            if conn.execute(_HEARTBEAT, {"node": n, "at": at, "devices": d}).rowcount != 1]
+
+
+def model_sources(conn: Connection) -> list[str]:
+    """Every model's source, sorted and without repeats."""
+    return sorted({r[0] for r in conn.execute(sa.select(models.c.source))})
 
 
 # ---------------------------------------------------------------- replicas
@@ -186,6 +256,7 @@ def add_replica(conn: Connection, replica_id: str, model: str, node: str,
                 parts: tuple[tuple[int, str, tuple[int, ...]], ...] = (),
                 rendezvous_port: int | None = None) -> None:
     """A new pending replica; ``parts`` are its worker parts as (rank, node, devices)."""
+    fleet_changed(conn)
     conn.execute(replicas.insert().values(
         id=replica_id, model=model, node=node, devices=json.dumps(list(devices)),
         state="pending", desired=1, started=now, updated=now, rendezvous_port=rendezvous_port))
@@ -222,6 +293,7 @@ def parts_on_node(conn: Connection, node: str) -> list[Any]:
 
 
 def update_part(conn: Connection, replica_id: str, rank: int, **values: Any) -> None:
+    fleet_changed(conn)
     conn.execute(replica_parts.update().where(replica_parts.c.replica_id == replica_id)
                  .where(replica_parts.c.rank == rank).values(**values))
 
@@ -239,10 +311,15 @@ def used_rendezvous_ports(conn: Connection, nodes_: set[str]) -> set[int]:
 
 
 def update_replica(conn: Connection, replica_id: str, **values: Any) -> None:
+    """Change a replica's row. Anything but its last use changes what the report path
+    caches (agent_api.py), so the transaction moves the assignments generation."""
+    if set(values) - {"last_used"}:
+        fleet_changed(conn)
     conn.execute(replicas.update().where(replicas.c.id == replica_id).values(**values))
 
 
 def delete_replica(conn: Connection, replica_id: str) -> None:
+    fleet_changed(conn)
     conn.execute(replica_parts.delete().where(replica_parts.c.replica_id == replica_id))
     conn.execute(replicas.delete().where(replicas.c.id == replica_id))
 
@@ -353,6 +430,7 @@ def delete_account(conn: Connection, name: str, kind: str) -> bool:
 def reset_node_credential(conn: Connection, name: str) -> bool:
     """Forget the node's credential (NULL), so its host can join again with the join token
     and nothing holding the old credential can report; whether the node exists."""
+    fleet_changed(conn)
     return conn.execute(nodes.update().where(nodes.c.name == name)
                         .values(credential_hash=None)).rowcount > 0
 
@@ -372,6 +450,7 @@ def delete_node(conn: Connection, name: str) -> list[Any] | None:
     Returns the replicas deleted, or None when there is no such node."""
     if get_node(conn, name) is None:
         return None
+    fleet_changed(conn)
     gone = replicas_using_node(conn, name)
     for rep in gone:
         delete_replica(conn, rep.id)
@@ -386,6 +465,7 @@ def mark_unreachable(conn: Connection, replica_id: str, now: float, error: str) 
     row = get_replica(conn, replica_id)
     if row is None:
         return None
+    fleet_changed(conn)
     done = conn.execute(
         replicas.update()
         .where(replicas.c.id == replica_id, replicas.c.state == "ready",

@@ -60,6 +60,10 @@ nodes = Table(
     Column("hardware", Text, nullable=False, default="{}", server_default="{}"),
     Index("ix_nodes_credential_hash", "credential_hash", unique=True),   # revision 0004
     Column("problem", Text, nullable=True),    # why its report was not used in full (0006)
+    # a digest of engines, weights and hardware as last written (0007)
+    Column("inventory", String(64), nullable=True),
+    # why the planner leaves it out (0007; ``problem`` is what its reports set)
+    Column("plan_problem", Text, nullable=True),
 )
 
 replicas = Table(
@@ -123,6 +127,15 @@ leases = Table(
     Column("name", String(64), primary_key=True),
     Column("holder", String(200), nullable=False),
     Column("expires", Float, nullable=False),                # database clock, Unix seconds
+)
+
+# Counters moved when a transaction that changed what they count commits (revision 0007):
+# "fleet" moves whenever what a node should run, or what is stored of a node beyond its
+# last report, may have changed (store/db.py, control/reports.py).
+generations = Table(
+    "generations", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", BigInteger, nullable=False),
 )
 
 # Web console logins (revision 0005). The cookie carries a random session id; only its

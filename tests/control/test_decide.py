@@ -181,3 +181,16 @@ def test_a_reason_is_an_event_only_when_it_changes() -> None:
                   NOW, settings())
     assert "m" not in same.model_updates
     assert not [e for e in same.events if e[0] == "unplaceable"]
+
+
+def test_a_node_the_planner_left_out_is_used_again_once_its_report_is_usable() -> None:
+    bad = node("n1", devices="not json", plan_problem=None)
+    first = decide(fleet([model()], [bad, node("n2")]), NOW, settings())
+    assert first.node_problems["n1"] and "n2" not in first.node_problems
+    steady = decide(fleet([model()], [node("n1", devices="not json",
+                                           plan_problem=first.node_problems["n1"])]),
+                    NOW, settings())
+    assert "n1" not in steady.node_problems                 # said once, not every pass
+    fixed = decide(fleet([model()], [node("n1", plan_problem="old reason")]), NOW, settings())
+    assert fixed.node_problems == {"n1": None}
+    assert ("node", "n1", "node n1 is used for placement again") in fixed.events

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from llmgw_runtime import catalog
 from llmgw_runtime.store import Store, repo
 from llmgw_runtime.store.move import (
+    TABLES,
     Decision,
     MoveError,
     TableState,
@@ -24,7 +25,7 @@ from llmgw_runtime.store.move import (
     move,
     snapshot,
 )
-from llmgw_runtime.store.schema import events, metadata
+from llmgw_runtime.store.schema import events
 from tests.support.postgres import PostgresServer
 from tests.support.procs import free_port
 
@@ -75,7 +76,7 @@ def pg_store(postgres: PostgresServer) -> Iterator[Store]:
 def counts(store: Store) -> dict[str, int]:
     with store.begin() as conn:
         return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
-                for t in metadata.sorted_tables}
+                for t in TABLES}
 
 
 def test_every_row_of_every_table_is_copied_and_counted(

@@ -1,0 +1,171 @@
+"""The report path (control/reports.py): what a report changes, table-tested; and what a
+steady node's report answered from a process's caches still guarantees when another
+process (another gunicorn worker, the reconciler) changes the fleet."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from llmgw_runtime.control import reports
+from llmgw_runtime.control.app import create_app
+from llmgw_runtime.control.config import ControlConfig
+from llmgw_runtime.control.reports import head_change, part_change, unchanged
+from llmgw_runtime.store import Store, repo
+
+from .conftest import ADMIN, JOIN, ROUTER, Api
+
+CATALOG = """models:
+  - name: tiny
+    source: file:///models/tiny.gguf
+    engine: llama.cpp
+    profile: {class: cpu}
+"""
+
+
+def head(**kw: Any) -> Any:
+    row = {"id": "r1", "node": "n1", "model": "tiny", "desired": 1, "state": "ready",
+           "port": 9000, "pid": 42, "progress": None, "last_error": None}
+    return SimpleNamespace(**{**row, **kw})
+
+
+READY = {"id": "r1", "state": "ready", "port": 9000, "pid": 42, "last_error": None}
+
+
+@pytest.mark.parametrize("row,rep,expect", [
+    (head(), READY, None),                                             # steady: no write
+    (head(state="starting"), READY, {"state": "ready", "last_error": None}),
+    (head(pid=41), READY, {"pid": 42}),                                # restarted engine
+    (head(), {**READY, "state": "stopped", "last_error": "oom"},
+     {"state": "failed", "last_error": "oom"}),
+    (head(), None, {"state": "failed"}),                               # the agent lost it
+    (head(state="pending"), None, None),                               # not started yet
+    (head(desired=0), None, "delete"),                                 # stopped as asked
+    (head(desired=0), READY, None),                                    # still stopping
+    (head(state="failed"), READY, None),                               # failed stays failed
+    (head(state="unreachable"), READY, {"state": "ready"}),            # confirmed again
+])
+def test_what_a_report_changes_of_a_replica(row: Any, rep: Any, expect: Any) -> None:
+    change = head_change(row, rep, 100.0)
+    if expect is None:
+        assert change is None
+    elif expect == "delete":
+        assert change is not None and change.delete and change.gone
+    else:
+        assert change is not None and change.values is not None
+        assert {k: change.values[k] for k in expect} == expect
+        assert change.gone == (change.values["state"] == "failed")
+
+
+def test_a_worker_part_changes_only_when_its_state_or_process_does() -> None:
+    part = SimpleNamespace(replica_id="r1", rank=1, node="n2", state="ready", pid=7)
+    assert part_change(part, {"state": "ready", "pid": 7}, 1.0) is None
+    assert part_change(part, {"state": "ready", "pid": 8}, 1.0)["pid"] == 8  # type: ignore[index]
+    assert part_change(part, None, 1.0)["state"] == "failed"  # type: ignore[index]
+    assert unchanged([head()], [part], {"r1": READY, "r1.w1": {"state": "ready", "pid": 7}})
+    assert not unchanged([head()], [part], {"r1": READY})
+
+
+# ------------------------------------------------------------------ two processes
+
+
+@pytest.fixture
+def two(store_url: str, tmp_path: Path) -> Any:
+    """Two control processes' apps on one store (each its own Store and caches), as two
+    gunicorn workers are."""
+    config = ControlConfig(state_dir=tmp_path, admin_token=ADMIN, join_token=JOIN,
+                           router_token=ROUTER, start_timeout_s=60)
+    stores = [Store(store_url), Store(store_url)]
+    stores[0].migrate()
+    from llmgw_runtime.control.bootstrap import bootstrap
+    bootstrap(stores[0], config)
+    apis = [Api(create_app(config, store_=s).test_client(), s, config) for s in stores]
+    yield apis
+    for s in stores:
+        s.dispose()
+
+
+def settle() -> None:
+    time.sleep(reports.GENERATION_TTL_S + 0.1)      # another process's change is seen
+
+
+def test_a_reset_credential_stops_working_in_every_process(two: list[Api]) -> None:
+    a, b = two
+    cred = a.join()
+    assert a.report(cred).status_code == 200
+    assert a.report(cred).status_code == 200       # answered from a's caches
+    assert b.call("POST", "/api/v1/nodes/n1/reset").status_code == 200
+    settle()
+    refused = a.report(cred)
+    assert refused.status_code == 401, refused.json
+
+
+def test_a_replica_placed_by_another_process_reaches_the_agent(two: list[Api]) -> None:
+    a, b = two
+    assert b.call("PUT", "/api/v1/catalog", data=CATALOG).status_code == 200
+    cred = a.join()
+    assert a.report(cred).json["assignments"] == []
+    assert a.report(cred).json["assignments"] == []     # cached
+    assert b.reconciler.run_cycle()                      # the reconciler: another process
+    settle()
+    [assignment] = a.report(cred).json["assignments"]
+    assert assignment["model"] == "tiny"
+
+
+def test_an_agent_back_after_stopping_is_used_again_whichever_worker_hears_it(
+        two: list[Api]) -> None:
+    a, b = two
+    cred = a.join()
+    assert a.report(cred).status_code == 200
+    assert a.report(cred).status_code == 200            # a caches the node as alive
+    assert b.report(cred, stopping=True).status_code == 200
+    node = a.call("GET", "/api/v1/nodes").json["nodes"][0]
+    assert node["last_report"] is None and "agent stopped" in node["problem"]
+    for _ in range(2):                                   # the agent runs again
+        assert a.report(cred).status_code == 200
+    node = a.call("GET", "/api/v1/nodes").json["nodes"][0]
+    assert node["last_report"] is not None and node["problem"] is None
+
+
+def test_a_steady_report_refreshes_the_devices_shown(api: Api) -> None:
+    cred = api.join()
+    for used in (1000, 1000, 5000):                      # the last one from the caches
+        assert api.report(cred, devices=[{**CPU_DEVICE, "memory_used_mb": used}]) \
+            .status_code == 200
+    node = api.call("GET", "/api/v1/nodes").json["nodes"][0]
+    assert node["devices"][0]["memory_used_mb"] == 5000
+
+
+CPU_DEVICE = {"id": 0, "uuid": "cpu-host", "card": 0, "mig": None, "class": "cpu",
+              "memory_total_mb": 16000, "memory_used_mb": 1000, "healthy": True,
+              "reason": None}
+
+
+def test_batched_heartbeats_never_move_a_node_backwards_nor_revive_it(store: Store) -> None:
+    with store.begin() as conn:
+        now = store.now(conn)
+        for name in ("up", "stopped"):
+            repo.set_node_credential(conn, name, name * 8, now)
+            repo.record_report(conn, name, {"devices": [], "address": "10.0.0.1"}, now)
+        repo.record_report(conn, "stopped", {"devices": []}, now, alive=False)
+    forgotten: list[str] = []
+    beats = reports.Heartbeats(lambda: store, forgotten.extend, every_s=0.05)
+    beats.start()
+    try:
+        beats.put("up", now - 10, "[]")                  # older than what is stored
+        beats.put("stopped", now + 1, "[]")
+        deadline = time.monotonic() + 5
+        while len(forgotten) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        beats.put("up", now + 2, '[{"id": 0}]')
+    finally:
+        beats.stop()                                     # writes what it still holds
+    assert sorted(forgotten) == ["stopped", "up"]        # their next reports: in full
+    with store.begin() as conn:
+        up, stopped = repo.get_node(conn, "up"), repo.get_node(conn, "stopped")
+    assert up.last_report == pytest.approx(now + 2) and up.devices == '[{"id": 0}]'
+    assert stopped.last_report is None
