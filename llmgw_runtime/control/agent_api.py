@@ -13,11 +13,12 @@ from flask import Blueprint, current_app, g, jsonify, request
 from ..api.agent import JoinAnswer, JoinRequest, Report
 from ..api.parse import parse_json
 from ..errors import ConflictError, ForbiddenError
-from ..security import bearer, hash_token, new_token
+from ..security import hash_token, new_token
 from ..store import repo
 from . import identity
-from .assignments import Cached, assignments_for, devices_key, part_id
+from .assignments import assignments_for, devices_key, part_id
 from .reports import (
+    Answer,
     Heartbeats,
     NodeEntry,
     ReportCache,
@@ -98,10 +99,10 @@ def report() -> Any:
     credential (control/reports.py)."""
     cache, heartbeats = caches()
     raw = request.get_data(cache=True)
-    token_hash = hash_token(bearer(request.headers.get("Authorization")) or "")
+    token_hash = g.token_hash
     config = current_app.config["LLMGW"]
     generation = cache.generation(store())
-    entry = cache.node(token_hash, generation)
+    entry = cache.nodes.get(token_hash, generation)
     parsed = None
     if entry is not None:                                # a credential seen in this process
         parsed = parse_json(Report, raw, what="report")
@@ -123,8 +124,8 @@ def report() -> Any:
         reported = {r["id"]: r for r in body["replicas"]}
         now = now_of(conn)
         heartbeats.drop(node)                            # this write supersedes it
-        repo.record_report(conn, node, body, now, problem, alive=not report.stopping,
-                           before=before)
+        inventory = repo.record_report(conn, node, body, now, problem,
+                                       alive=not report.stopping, before=before)
         if before.problem != problem:
             repo.add_event(conn, now, "node", node, problem or "the node's report is usable "
                            "in full again")
@@ -146,11 +147,11 @@ def report() -> Any:
         if before.generation is not None and not report.stopping:
             # Valid under the generation read with the credential: if this transaction
             # moved it, nothing cached here is used again.
-            cache.answers.put(node, Cached(before.generation, devices, heads, parts,
+            cache.answers.put(node, Answer(before.generation, devices, heads, parts,
                                            answer["assignments"]))
-            cache.remember(token_hash, NodeEntry(
+            cache.nodes.put(token_hash, NodeEntry(
                 node, body.get("address") if problem is None else None, problem,
-                repo.inventory_of(body)[1], before.generation))
+                inventory, before.generation))
         return answer
     return jsonify(store().write(write))
 
@@ -177,7 +178,7 @@ def _steady(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, report
     if problem != entry.problem or address != entry.address \
             or repo.inventory_of(body)[1] != entry.inventory:
         return None
-    hit = cache.answers.get(entry.name, generation, devices_key(body["devices"]))
+    hit = cache.answer(entry.name, generation, devices_key(body["devices"]))
     sources = cache.cached_sources(generation)
     if hit is None or sources is None:
         return None

@@ -9,7 +9,6 @@ peers' addresses, which the engine driver turns into the engine's own flags.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from ..store import repo
@@ -103,37 +102,3 @@ def devices_key(reported: list[dict[str, Any]]) -> tuple[Any, ...]:
     """What an assignment takes from a report's devices (``_devices``)."""
     return tuple((d.get("id"), d.get("uuid"), d.get("class"), d.get("mig") is not None)
                  for d in reported)
-
-
-@dataclass(frozen=True)
-class Cached:
-    generation: int
-    devices: tuple[Any, ...]
-    heads: list[Any]
-    parts: list[Any]
-    assignments: list[dict[str, Any]]
-
-
-class AnswerCache:
-    """Per process: each node's replica rows and assignments as of an "assignments"
-    generation (store/db.py). While the generation stands still nothing an assignment is
-    made of has changed, so a report is answered without reading the replicas again (the
-    report path at 2,000 agents: bench/control_bench.py)."""
-
-    LIMIT = 20_000
-
-    def __init__(self) -> None:
-        self.entries: dict[str, Cached] = {}
-
-    def get(self, node: str, generation: int | None,
-            devices: tuple[Any, ...]) -> Cached | None:
-        hit = self.entries.get(node)
-        if hit is None or generation is None or hit.generation != generation \
-                or hit.devices != devices:
-            return None
-        return hit
-
-    def put(self, node: str, entry: Cached) -> None:
-        if len(self.entries) >= self.LIMIT:
-            self.entries.clear()
-        self.entries[node] = entry

@@ -189,7 +189,7 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
                           backoff=settings.backoff, unusable=unusable)
     for name, node in fleet.nodes.items():
         problem = unusable.get(name)
-        if getattr(node, "plan_problem", None) == problem:
+        if node.plan_problem == problem:
             continue
         changes.node_problems[name] = problem
         changes.events.append(("node", name, f"node {name} is left out of placement: "

@@ -21,18 +21,19 @@ that come after that at the latest.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..api.states import LIVE_REPLICA_STATES, ReplicaState, ReportedState
 from ..errors import StoreError
 from ..store import Store, repo
-from .assignments import AnswerCache, part_id
+from .assignments import part_id
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,45 @@ def apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any], now: floa
 # ------------------------------------------------------------------ this process's caches
 
 
+class Versioned(Protocol):
+    @property
+    def generation(self) -> int: ...
+
+
+E = TypeVar("E", bound=Versioned)
+
+
+class ByGeneration(Generic[E]):
+    """A bounded map whose entries count only under the generation they were made in."""
+
+    LIMIT = 20_000
+
+    def __init__(self) -> None:
+        self.entries: dict[str, E] = {}
+
+    def get(self, key: str, generation: int | None) -> E | None:
+        entry = self.entries.get(key)
+        if entry is None or generation is None or entry.generation != generation:
+            return None
+        return entry
+
+    def put(self, key: str, entry: E) -> None:
+        if len(self.entries) >= self.LIMIT:
+            self.entries.clear()
+        self.entries[key] = entry
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A node's replica rows and assignments, and the devices they were made for."""
+
+    generation: int
+    devices: tuple[Any, ...]
+    heads: list[Any]
+    parts: list[Any]
+    assignments: list[dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class NodeEntry:
     """A node as stored after a report handled in a transaction, under the generation read
@@ -187,11 +227,9 @@ class ReportCache:
     """Per process: credentials, node states, answers and the catalog's sources, each valid
     under one value of the "fleet" generation."""
 
-    LIMIT = 20_000
-
     def __init__(self) -> None:
-        self.nodes: dict[str, NodeEntry] = {}      # credential hash -> node
-        self.answers = AnswerCache()
+        self.nodes: ByGeneration[NodeEntry] = ByGeneration()     # credential hash -> node
+        self.answers: ByGeneration[Answer] = ByGeneration()      # node name -> answer
         self.sources: tuple[int | None, list[str], str] = (None, [], "")
         self._generation: tuple[int | None, float, int] = (None, -1e9, 0)
         self._lock = threading.Lock()
@@ -214,30 +252,23 @@ class ReportCache:
             self._generation = (value, time.monotonic(), moves)
         return value
 
-    def node(self, credential_hash: str, generation: int | None) -> NodeEntry | None:
-        entry = self.nodes.get(credential_hash)
-        if entry is None or generation is None or entry.generation != generation:
-            return None
-        return entry
-
     def forget(self, names: list[str]) -> None:
         """Nodes whose stored state moved on (another process wrote a newer report, or
         their agent said it stopped): their next report is handled in a transaction."""
         if names:
             gone = set(names)
-            for key, entry in list(self.nodes.items()):
+            for key, entry in list(self.nodes.entries.items()):
                 if entry.name in gone:
-                    self.nodes.pop(key, None)
+                    self.nodes.entries.pop(key, None)
 
-    def remember(self, credential_hash: str, entry: NodeEntry) -> None:
-        if len(self.nodes) >= self.LIMIT:
-            self.nodes.clear()
-        self.nodes[credential_hash] = entry
+    def answer(self, node: str, generation: int | None,
+               devices: tuple[Any, ...]) -> Answer | None:
+        hit = self.answers.get(node, generation)
+        return hit if hit is not None and hit.devices == devices else None
 
     def catalog_sources(self, conn: Any, generation: int | None) -> tuple[list[str], str]:
         """The catalog's sources and their hash (agents look for these in their weights
         directories), re-read when the generation has moved."""
-        import hashlib
         cached, sources, digest = self.sources
         if generation is None or cached != generation:
             sources = repo.model_sources(conn)

@@ -101,10 +101,10 @@ def require(*kinds: str, in_transaction: bool = False) -> Callable[[F], F]:
     def wrap(view: F) -> F:
         @wraps(view)
         def inner(*args: Any, **kwargs: Any) -> Any:
-            token = _presented(kinds)
+            _presented(kinds)
             if not in_transaction:
                 # A read: retried through a store failover like the idempotent writes.
-                store().transaction(lambda conn: authenticate(conn, token), idempotent=True)
+                store().transaction(authenticate, idempotent=True)
             return view(*args, **kwargs)
 
         return inner  # type: ignore[return-value]
@@ -113,8 +113,9 @@ def require(*kinds: str, in_transaction: bool = False) -> Callable[[F], F]:
 
 
 def _presented(kinds: tuple[str, ...]) -> str:
-    """The request's bearer token, unless its address is refused for repeated wrong tokens
-    (control/throttle.py; per worker process, by TCP peer address: before any check)."""
+    """The request's bearer token (kept as ``g.token``, its hash as ``g.token_hash``), unless
+    its address is refused for repeated wrong tokens (control/throttle.py; per worker process, by TCP peer address:
+    before any check)."""
     from flask import after_this_request
 
     from .throttle import TooManyFailures, of, retry_after
@@ -132,7 +133,7 @@ def _presented(kinds: tuple[str, ...]) -> str:
     if token is None:
         raise AuthError("this API needs 'Authorization: Bearer <token>'; "
                         f"use {_either(kinds)} token")
-    g.required = kinds
+    g.required, g.token, g.token_hash = kinds, token, hash_token(token)
     return token
 
 
@@ -141,18 +142,17 @@ def _either(kinds: tuple[str, ...]) -> str:
     return f"{article} {' or '.join(kinds)}"
 
 
-def authenticate(conn: Any, token: str | None = None) -> None:
-    """Check the request's token in ``conn`` (one indexed lookup; node credentials say what
-    they are, llmgw-node-...) and set ``g.principal_kind``, ``g.principal`` and, for a node,
-    ``g.node_row`` (its name and problem as stored before this request)."""
+def authenticate(conn: Any) -> None:
+    """Check the request's token (``g.token``, ``g.token_hash``) in ``conn``: one indexed
+    lookup, node credentials say what they are (llmgw-node-...). Sets ``g.principal_kind``,
+    ``g.principal`` and, for a node, ``g.node_row`` (the node as stored before this request:
+    ``repo.node_by_credential``)."""
     from .throttle import of
 
-    if token is None:
-        token = bearer(request.headers.get("Authorization")) or ""
     kinds: tuple[str, ...] = g.required
-    token_hash = hash_token(token)
+    token_hash: str = g.token_hash
     account = node = None
-    if token.startswith(PREFIXES["node"]):
+    if g.token.startswith(PREFIXES["node"]):
         node = repo.node_by_credential(conn, token_hash)
     else:
         account = repo.account_by_hash(conn, token_hash)

@@ -179,7 +179,7 @@ def inventory_of(report: dict[str, Any]) -> tuple[dict[str, str], str]:
 
 def record_report(conn: Connection, name: str, report: dict[str, Any], now: float,
                   problem: str | None = None, alive: bool = True,
-                  before: Any | None = None) -> None:
+                  before: Any | None = None) -> str:
     """Store a parsed report (``api.agent.Report`` as JSON); ``problem`` says what of it
     was not used (its address is then not stored). An agent's last report (``alive``
     false) leaves the node not heard from, so it is not capacity from now on.
@@ -187,7 +187,7 @@ def record_report(conn: Connection, name: str, report: dict[str, Any], now: floa
     ``before`` is the node as stored (``node_by_credential``): engines, weights and
     hardware are written only when they changed (devices always are: they carry the memory
     in use). A new address moves the fleet generation (it is in peers' assignments), except
-    on the node's first report (nothing runs there yet)."""
+    on the node's first report (nothing runs there yet). Returns the inventory digest."""
     slow, digest = inventory_of(report)
     values: dict[str, Any] = {
         "address": report.get("address") if problem is None else None, "problem": problem,
@@ -200,6 +200,7 @@ def record_report(conn: Connection, name: str, report: dict[str, Any], now: floa
                           and before.address != values["address"]):
         fleet_changed(conn)
     conn.execute(nodes.update().where(nodes.c.name == name).values(**values))
+    return digest
 
 
 _HEARTBEAT = nodes.update().where(

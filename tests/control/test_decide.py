@@ -42,7 +42,7 @@ def model(name: str = "m", **kw: Any) -> SimpleNamespace:
 def node(name: str = "n1", last_report: float | None = NOW - 1, **kw: Any) -> SimpleNamespace:
     row = dict(name=name, fabric=None, address="127.0.0.1", last_report=last_report,
                devices=json.dumps([CPU]), engines=json.dumps(["llama.cpp"]), weights="{}",
-               problem=None)
+               problem=None, plan_problem=None)
     row.update(kw)
     return SimpleNamespace(**row)
 
