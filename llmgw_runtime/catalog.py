@@ -37,6 +37,7 @@ from .catalog_bounds import (
     cap_problems,
     load_yaml,
 )
+from .engines.drivers import args_problem
 from .engines.owned import owned_flags_in, owned_flags_message
 from .errors import CatalogError, EngineError
 from .weights.sources import parse_source
@@ -155,6 +156,10 @@ def _int(problems: list[str], where: str, value: Any, minimum: int,
 
 
 def _profile(problems: list[str], who: str, raw: Any) -> Profile | None:
+    if raw is None:
+        problems.append(f"{who}: profile is required (the devices one replica takes); add "
+                        "profile: {class: cpu} or profile: {class: a100-80g, gpus: 1}")
+        return None
     if not isinstance(raw, dict):
         problems.append(f"{who}: profile must be a mapping like "
                         f"{{class: a100-80g, gpus: 1}}, not {brief(raw)}")
@@ -209,7 +214,10 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
     source = raw.get("source")
     _source(problems, who, source)
     engine = raw.get("engine")
-    if engine not in ENGINES:
+    if engine is None:
+        problems.append(f"{who}: engine is required; add engine: llama.cpp (GGUF files) or "
+                        "engine: vllm")
+    elif engine not in ENGINES:
         problems.append(f"{who}: engine {brief(engine)} is unknown; use one of "
                         f"{', '.join(ENGINES)}")
     profile = _profile(problems, who, raw.get("profile"))
@@ -232,7 +240,8 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
             problems.append(f"{who}: idle_stop_after must be at most "
                             f"{MAX_IDLE_STOP_AFTER_S / 86400:g}d (llmgw's "
                             "MAX_IDLE_STOP_AFTER_S)")
-    args = _args(problems, who, raw.get("args", []), engine)
+    args = _args(problems, who, raw.get("args", []), engine,
+                 profile.klass if profile is not None else None)
     strategy = raw.get("strategy", "binpack")
     if strategy not in STRATEGIES:
         problems.append(f"{who}: strategy {brief(strategy)} is unknown; use binpack (fill "
@@ -262,7 +271,10 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
 
 def _source(problems: list[str], who: str, source: Any) -> None:
     """A source the agent can fetch and store safely (weights/sources.py says why not)."""
-    if not isinstance(source, str) or not (source.startswith(SOURCE_SCHEMES)
+    if source is None:
+        problems.append(f"{who}: source is required; add source: file:///PATH (or an "
+                        "absolute path, hf://ORG/REPO/FILE, https://URL)")
+    elif not isinstance(source, str) or not (source.startswith(SOURCE_SCHEMES)
                                            or source.startswith("/")):
         problems.append(f"{who}: source {brief(source)} must be file:///PATH, an absolute "
                         "path, hf://ORG/REPO/FILE or https://URL")
@@ -279,12 +291,16 @@ def _source(problems: list[str], who: str, source: Any) -> None:
             problems.append(f"{who}: {exc.message}")
 
 
-def _args(problems: list[str], who: str, args: Any, engine: Any) -> list[Any]:
+def _args(problems: list[str], who: str, args: Any, engine: Any,
+          klass: str | None) -> list[Any]:
     """The engine args: a bounded list of short strings (or numbers), none of them a flag the
-    agent owns for ``engine``."""
+    agent owns for ``engine``, all accepted by the engine that runs ``engine`` on ``klass``
+    devices when that engine can say (engines/drivers.py ``args_problem``)."""
     if not isinstance(args, list):
+        hint = (f"; write it as {brief_text(json.dumps(args.split()))}"
+                if isinstance(args, str) and args.split() else "")
         problems.append(f"{who}: args must be a list of strings like "
-                        f"[\"--ctx-size\", \"8192\"], not {brief(args)}")
+                        f"[\"--ctx-size\", \"8192\"], not {brief(args)}{hint}")
         return []
     if len(args) > MAX_ARGS:
         problems.append(f"{who}: args has {len(args)} items, over the maximum of {MAX_ARGS} "
@@ -307,6 +323,10 @@ def _args(problems: list[str], who: str, args: Any, engine: Any) -> list[Any]:
         owned = owned_flags_in(engine, args)
         if owned:
             problems.append(f"{who}: {owned_flags_message(engine, owned)}")
+        elif klass is not None:
+            problem = args_problem(engine, klass, args)
+            if problem:
+                problems.append(f"{who}: {problem}")
     return args
 
 

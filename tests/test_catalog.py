@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
 import pytest
 
 from llmgw_runtime import catalog
@@ -311,3 +315,90 @@ def test_a_source_whose_download_would_escape_the_weights_directory_is_refused(
 def test_plain_download_names_are_accepted(source: str) -> None:
     [spec] = catalog.validate({"models": [entry(source=source)]})
     assert spec.source == source
+
+
+# -- what a new operator trips over (issue 15) -------------------------------------------------
+
+@pytest.mark.parametrize("missing, words", [
+    ("source", "models[0] (qwen): source is required; add source: file:///PATH"),
+    ("engine", "models[0] (qwen): engine is required; add engine: llama.cpp"),
+    ("profile", "models[0] (qwen): profile is required (the devices one replica takes); "
+                "add profile: {class: cpu}"),
+])
+def test_a_missing_field_is_called_required_with_what_to_write(missing: str,
+                                                               words: str) -> None:
+    raw = entry()
+    del raw[missing]
+    [msg] = problems(raw)
+    assert msg.startswith(words)
+    assert "None" not in msg
+
+
+def test_args_written_as_one_string_are_refused_with_the_list_to_write() -> None:
+    [msg] = problems(entry(args="--ctx-size 512 --threads 2"))
+    assert msg == ("models[0] (qwen): args must be a list of strings like "
+                   "[\"--ctx-size\", \"8192\"], not '--ctx-size 512 --threads 2'; write it as "
+                   "[\"--ctx-size\", \"512\", \"--threads\", \"2\"]")
+
+
+PLACEHOLDER = re.compile(r"\{[A-Za-z_]\w*(\.\w+|\[[^]]*\])*(![rsa])?\}")
+
+
+@pytest.mark.parametrize("bad", [
+    {"args": "--ctx-size 512"}, {"args": [None]}, {"profile": None}, {"profile": "cpu"},
+    {"profile": {"class": "cpu", "gpus": "two"}}, {"source": None}, {"engine": None},
+    {"name": None}, {"replicas": "x"}, {"on_demand": "yes"}, {"idle_stop_after": "soon"},
+    {"strategy": "fast"}, {"sha256": "x"}, {"size_bytes": -1}, {"colour": 1},
+    {"profile": {"class": "cpu"}, "args": ["--bogus"]},
+    {"profile": {"class": "cpu"}, "args": ["-c", "many"]},
+])
+def test_no_message_prints_a_raw_placeholder(bad: dict[str, object]) -> None:
+    raw = entry()
+    for key, value in bad.items():
+        raw[key] = value
+    for msg in problems(raw):
+        assert not PLACEHOLDER.search(msg), msg
+
+
+def test_no_plain_string_in_the_catalog_code_holds_a_placeholder() -> None:
+    """A ``{name!r}`` in a string that is not an f-string prints as written."""
+    root = Path(catalog.__file__).parent
+    files = [root / "catalog.py", root / "catalog_bounds.py", *(root / "engines").glob("*.py")]
+    found = []
+    for path in files:
+        tree = ast.parse(path.read_text())
+        in_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                       for v in node.values}
+        found += [f"{path.name}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in in_fstrings and PLACEHOLDER.search(node.value)]
+    assert not found
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--n-gpu-layers", "99"], "args --n-gpu-layers are not flags of the CPU engine"),
+    (["--embeddings", "-fa", "on", "--mlock"], "args -fa, --mlock are not flags"),
+    (["--ctx-size", "8k"], "args refused by the CPU engine (llama.cpp on class cpu, the "
+                           "xllamacpp wheel): argument --ctx-size/-c: '8k' is not a whole"),
+])
+def test_a_cpu_model_with_args_the_cpu_engine_lacks_is_refused_at_apply(
+        args: list[str], named: str) -> None:
+    [msg] = problems(entry(profile={"class": "cpu"}, args=args))
+    assert msg.startswith(f"models[0] (qwen): {named}")
+    if "not flags" in named:
+        assert ("it accepts only --ctx-size/-c, --threads/-t, --parallel/-np, "
+                "--batch-size/-b, --ubatch-size/-ub, --embeddings/--embedding, --pooling, "
+                "--chat-template") in msg
+    assert 'docs/operations.md, "The CPU engine"' in msg
+
+
+def test_a_cpu_model_with_the_cpu_engines_flags_is_accepted() -> None:
+    args = ["--embeddings", "--pooling", "mean", "-c", "2048", "-t", "2", "-np", "2",
+            "-b", "512", "-ub", "256", "--chat-template", "chatml"]
+    [spec] = catalog.validate({"models": [entry(profile={"class": "cpu"}, args=args)]})
+    assert spec.args == tuple(args)
+
+
+def test_an_owned_flag_on_a_cpu_model_is_refused_once_as_owned() -> None:
+    [msg] = problems(entry(profile={"class": "cpu"}, args=["--port", "80", "--bogus"]))
+    assert "args --port set what the agent owns" in msg

@@ -249,7 +249,10 @@ class Supervisor:
 
     def _fail(self, rep: Replica, why: str) -> None:
         self._terminate(rep)
+        # Only this start's lines: the log keeps every start's, and an older start's error
+        # would read as this one's.
         tail = tail_lines(self.log_path(rep.replica_id))
+        tail = tail[max(tail.rfind("--- llmgw: starting "), 0):]
         rep.state = FAILED
         rep.last_error = f"{why}; last log lines:\n{tail}" if tail else why
         self._remove_files(rep.replica_id, keep_log=True)

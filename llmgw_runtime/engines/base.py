@@ -130,6 +130,12 @@ class EngineDriver(ABC):
                       weights_dirs: Sequence[str | Path] = ()) -> LaunchSpec:
         """The same for a worker part (``role: worker``) of a multi-node replica."""
 
+    def args_problem(self, args: Sequence[object]) -> str | None:
+        """Why this engine would refuse a catalog's ``args``, or None. A driver that cannot
+        say (its engine's flags vary by build) accepts anything: the engine then refuses
+        at start in its own words."""
+        return None
+
     @staticmethod
     def _executable_exists(path: str) -> bool:
         return os.path.isfile(path) and os.access(path, os.X_OK)

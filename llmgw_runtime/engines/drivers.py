@@ -28,9 +28,25 @@ from .base import (
     rendezvous,
     resolve_source,
 )
-from .owned import refuse_owned_flags
+from .owned import owned_flags_in, refuse_owned_flags
+from .xllamacpp_launcher import args_problem as cpu_engine_args_problem
+from .xllamacpp_launcher import supported_flags as cpu_engine_flags
 
 LAUNCHER_MODULE = "llmgw_runtime.engines.xllamacpp_launcher"
+CPU_CLASS = "cpu"
+CPU_ENGINE_DOC = 'docs/operations.md, "The CPU engine"'
+
+
+def args_problem(engine: str, device_class: str, args: Sequence[object]) -> str | None:
+    """Why the engine that runs an ``engine`` model on ``device_class`` devices would refuse
+    ``args``, or None when it accepts them or cannot say. Pure: the catalog asks it at apply
+    time. Only the CPU engine can say: llama.cpp on class cpu is the xllamacpp launcher (the
+    wheel is CPU only; GPU nodes run a llama-server binary, whose flags vary by build), and it
+    knows its flags. vLLM and llama-server accept anything here. Args that set what the
+    agent owns are owned.py's to refuse, not this function's."""
+    if engine != LlamaCppDriver.name or device_class != CPU_CLASS:
+        return None
+    return LlamaCppDriver(binary=None).args_problem(args)
 
 
 class LlamaCppDriver(EngineDriver):
@@ -45,6 +61,20 @@ class LlamaCppDriver(EngineDriver):
         self.binary = binary
         self.python = python or sys.executable
         self.rpc_binary = rpc_binary
+
+    def args_problem(self, args: Sequence[object]) -> str | None:
+        """Why this driver's engine would refuse ``args``; None when it accepts them or
+        cannot say (a llama-server binary)."""
+        if self.binary or owned_flags_in(self.name, args):
+            return None
+        problem = cpu_engine_args_problem(args)
+        if problem is None:
+            return None
+        engine = f"the CPU engine (llama.cpp on class {CPU_CLASS}, the xllamacpp wheel)"
+        if problem.unsupported:
+            return (f"args {', '.join(problem.unsupported)} are not flags of {engine}; it "
+                    f"accepts only {cpu_engine_flags(values=False)} ({CPU_ENGINE_DOC})")
+        return f"args refused by {engine}: {problem} ({CPU_ENGINE_DOC})"
 
     def _rpc_server(self) -> str:
         """llama.cpp's ``rpc-server``: as configured, else next to llama-server, else PATH."""
@@ -88,6 +118,9 @@ class LlamaCppDriver(EngineDriver):
                 raise EngineError("a multi-node llama.cpp replica needs llama-server built "
                                   "with RPC; set LLMGW_LLAMA_SERVER_BINARY (the xllamacpp "
                                   "wheel has no RPC)")
+            problem = self.args_problem(args)
+            if problem:
+                raise EngineError(f"replica {assignment.get('replica_id')}: {problem}")
             argv = [self.python, "-m", LAUNCHER_MODULE, "--model", str(path),
                     "--host", host, "--port", str(port), "--alias", model, *args]
         return LaunchSpec(argv=argv, env=env, health_path=self.health_path, wait_for=wait)

@@ -14,6 +14,7 @@ from llmgw_runtime.engines import (
     drivers_from_config,
     resolve_source,
 )
+from llmgw_runtime.engines.drivers import args_problem
 from llmgw_runtime.errors import EngineError
 
 
@@ -245,3 +246,38 @@ def test_vllm_keeps_tensor_parallel_args_it_lets_the_catalog_set() -> None:
     spec = VllmDriver("/opt/vllm/bin/python").launch(a, host="127.0.0.1", port=4002)
     assert spec.argv[-4:] == ["--tensor-parallel-size", "1", "--tokenizer", "org/repo"]
     assert spec.argv.count("--tensor-parallel-size") == 1
+
+
+# -- which args an engine accepts ------------------------------------------------------------
+
+def test_the_cpu_engine_refuses_a_flag_it_lacks_before_starting_anything() -> None:
+    with pytest.raises(EngineError) as info:
+        LlamaCppDriver().launch(assignment(args=["--n-gpu-layers", "99"]), host="h", port=1)
+    assert "replica r-1: args --n-gpu-layers are not flags of the CPU engine" in str(info.value)
+    assert "--ctx-size/-c" in str(info.value)
+
+
+def test_a_llama_server_binary_gets_any_args(tmp_path: Path) -> None:
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    driver = LlamaCppDriver(str(binary))
+    assert driver.args_problem(["--n-gpu-layers", "99"]) is None
+    spec = driver.launch(assignment(args=["-ngl", "99"]), host="h", port=1)
+    assert spec.argv[-2:] == ["-ngl", "99"]
+
+
+@pytest.mark.parametrize("engine, klass, args, refused", [
+    ("llama.cpp", "cpu", ["--flash-attn", "on"], "args --flash-attn are not flags"),
+    ("llama.cpp", "cpu", ["-c", "x"], "'x' is not a whole number"),
+    ("llama.cpp", "cpu", ["--embeddings", "--pooling", "mean", "-c", "512"], None),
+    ("llama.cpp", "cpu", ["--host", "0.0.0.0"], None),       # owned: owned.py refuses it
+    ("llama.cpp", "a100-80g", ["--flash-attn", "on", "-ngl", "99"], None),
+    ("vllm", "cpu", ["--max-model-len", "4096"], None),
+    ("vllm", "h100-80g", ["--anything"], None),
+])
+def test_only_the_engine_that_can_say_checks_args(engine: str, klass: str, args: list[str],
+                                                  refused: str | None) -> None:
+    problem = args_problem(engine, klass, args)
+    assert (problem is None) == (refused is None)
+    assert refused is None or (problem is not None and refused in problem)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_runtime.engines import LAUNCHER_MODULE
-from llmgw_runtime.engines.xllamacpp_launcher import parse_args
+from llmgw_runtime.engines.xllamacpp_launcher import FLAGS, args_problem, common_params, parse_args
 
 
 def run_launcher(*args: str) -> subprocess.CompletedProcess[str]:
@@ -58,3 +58,66 @@ def test_the_launcher_takes_what_the_agent_gives_once() -> None:
     assert (args.model, args.host, args.port, args.alias, args.ctx_size) == (
         "/m.gguf", "127.0.0.1", 1, "q", 512)
     assert not hasattr(args, "_seen")
+
+
+def test_an_unsupported_flag_is_the_last_line_printed(tmp_path: Path) -> None:
+    """The supported flags first, the refusal last: the line a one-line view shows."""
+    proc = run_launcher("--model", str(tmp_path), "--embeddingz", "--n-gpu-layers", "99")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2
+    assert lines[-1] == ("xllamacpp_launcher: error: unsupported arguments: --embeddingz "
+                         "--n-gpu-layers")
+    assert "--embeddings/--embedding" in lines[-2] and "--pooling" in lines[-2]
+
+
+@pytest.mark.parametrize("args", [
+    [], ["--embeddings", "--pooling", "mean"], ["--embedding"], ["-c", "0"],
+    ["--ctx-size=4096", "--threads", "4", "--parallel", "2"],
+    ["-b", "1024", "-ub", "256", "-t", "2", "-np", "4"],
+    ["--chat-template", "{% for m in messages %}{{ m.content }}{% endfor %}"],
+    ["--pooling", "cls"], ["-c", 512],
+])
+def test_args_the_cpu_engine_accepts(args: list[object]) -> None:
+    assert args_problem(args) is None
+
+
+@pytest.mark.parametrize("args, unsupported, words", [
+    (["--n-gpu-layers", "99"], ("--n-gpu-layers",), "unsupported arguments: --n-gpu-layers"),
+    (["-ngl", "99", "--flash-attn", "on"], ("-ngl", "--flash-attn"), "-ngl --flash-attn"),
+    (["--embed"], ("--embed",), "--embed"),                  # no abbreviations
+    (["--metrics=1"], ("--metrics",), "--metrics"),
+    (["--ctx-size", "big"], (), "'big' is not a whole number"),
+    (["--threads", "0"], (), "0 is below 1"),
+    (["--pooling", "max"], (), "invalid choice: 'max'"),
+    (["--ctx-size"], (), "expected one argument"),
+    ([8192], ("8192",), "unsupported arguments: 8192"),     # a value without its flag
+])
+def test_args_the_cpu_engine_refuses_are_named(args: list[str], unsupported: tuple[str, ...],
+                                               words: str) -> None:
+    problem = args_problem(args)
+    assert problem is not None and words in str(problem)
+    assert problem.unsupported == unsupported
+
+
+def test_every_flag_reaches_xllamacpps_parameters() -> None:
+    import xllamacpp
+
+    args = parse_args(["--model", "/m.gguf", "--host", "127.0.0.1", "--port", "7",
+                       "--alias", "tiny", "-c", "1024", "-t", "3", "-np", "2", "-b", "256",
+                       "-ub", "64", "--embeddings", "--pooling", "last",
+                       "--chat-template", "chatml"])
+    p = common_params(args, xllamacpp)
+    assert (p.model.path, p.hostnames, p.port, p.model_alias) == (
+        "/m.gguf", ["127.0.0.1"], 7, {"tiny"})
+    assert (p.n_ctx, p.n_parallel, p.n_batch, p.n_ubatch) == (1024, 2, 256, 64)
+    assert p.cpuparams.n_threads == p.cpuparams_batch.n_threads == 3
+    assert p.embedding is True and p.chat_template == "chatml"
+    assert p.pooling_type == xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_LAST
+
+
+def test_every_flag_is_documented_in_the_cpu_engine_section() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = doc.split("## The CPU engine", 1)[1].split("\n## ", 1)[0]
+    for flag in FLAGS:
+        for name in flag.names:
+            assert f"`{name}" in section, f"{name} is not in docs/operations.md's section"
