@@ -146,15 +146,25 @@ class Event(Answer):
 
 
 class CatalogResult(Answer):
+    """What applying a catalog changed, or with ``dry_run`` would change (nothing was
+    written). ``kept``: models in the store that the catalog does not name, kept because
+    the apply did not prune (``?prune=true`` deletes them)."""
+
     created: list[str]
     updated: list[str]
     unchanged: list[str]
     deleted: list[str]
+    kept: list[str] = Field(default_factory=list)
+    dry_run: Bool = False
 
 
 class Retried(Answer):
+    """``parked`` is the model's state now (false); ``was_parked`` says whether the retry
+    unparked it, or it was not parked and only its failure count was reset."""
+
     model: str
     parked: Bool
+    was_parked: Bool
 
 
 class Health(Answer):

@@ -68,6 +68,10 @@ CONTROL_ROUTES = (
           admin.CatalogResult, "Catalog",
           params=(Param("prune", "query", {"type": "boolean"},
                         "delete models the catalog does not name"),)),
+    Route("put", "/api/v1/catalog/dry-run", "what applying this catalog would change; "
+          "nothing changes", ADMIN, admin.CatalogResult, "Catalog",
+          params=(Param("prune", "query", {"type": "boolean"},
+                        "delete models the catalog does not name"),)),
     Route("get", "/api/v1/models", "every model with its state", ADMIN, admin.ModelList),
     Route("get", "/api/v1/models/{name}", "one model", ADMIN, admin.Model, params=(NAME,),
           errors=(401, 403, 404)),
@@ -219,6 +223,9 @@ ROUTER_ROUTES = tuple(
         ("/v1/embeddings", "Embeddings, proxied to a ready replica"))) + (
     Route("get", "/v1/models", "Every catalog model", ("apiKey",), router.ModelsList,
           errors=(401,)),
+    Route("get", "/v1/models/{model}", "One catalog model (404: not in the catalog)",
+          ("apiKey",), router.ModelEntry, errors=(401, 404),
+          params=(Param("model", "path", {"type": "string", "minLength": 1}),)),
     Route("get", "/healthz", "Liveness and the number of routed models", None,
           router.RouterHealth, errors=()),
     Route("get", "/metrics", "Prometheus metrics (text exposition format), summed over the "

@@ -15,6 +15,28 @@ from ..api.parse import problems
 from ..api.transport import RemoteError, Transport, TransportError, Unreachable
 from ..control.config import default_state_dir
 
+DEFAULT_URL = "http://127.0.0.1:8470"
+URL_FILE = "control-url"          # in the state directory's secrets/, by `llmgw up`
+
+
+def url_file() -> Path:
+    """Where `llmgw up` writes its control service's URL: next to the admin token."""
+    return default_state_dir() / "secrets" / URL_FILE
+
+
+def control_url(explicit: str | None) -> tuple[str, str]:
+    """The control service's URL and where it came from: ``--url`` (or
+    LLMGW_CONTROL_URL), else the URL a running `llmgw up` wrote in the state directory,
+    else the default."""
+    if explicit:
+        return explicit, ""
+    path = url_file()
+    if path.is_file():
+        written = path.read_text().strip()
+        if written:
+            return written, f" (read from {path}, written by `llmgw up`)"
+    return DEFAULT_URL, ""
+
 
 class ApiError(click.ClickException):
     def __init__(self, status: int, reason: str, message: str, details: list[str]) -> None:
@@ -44,8 +66,9 @@ class Client:
     with ``answer`` are checked against their message before anything is printed."""
 
     def __init__(self, url: str, token: str, timeout: float = 30.0,
-                 ca_file: str | None = None) -> None:
+                 ca_file: str | None = None, origin: str = "") -> None:
         self.url = url.rstrip("/")
+        self.origin = origin          # where the URL came from, for messages
         self.token = token
         self.transport = Transport(self.url, token, timeout_s=timeout,
                                    ssl_context=tls.client_context(ca_file))
@@ -57,12 +80,15 @@ class Client:
             _, doc = self.transport.request(method, path, data=body,
                                             content_type=content_type)
         except RemoteError as exc:
+            if exc.status == 404 and exc.reason == "http_error":
+                raise ApiError(exc.status, exc.reason, not_control(self.url, exc.message),
+                               []) from None
             raise ApiError(exc.status, exc.reason, exc.message, exc.details) from None
         except Unreachable as exc:
             raise click.ClickException(
-                f"cannot reach the control service at {self.url}: {exc.message}; is "
-                "`llmgw server` (or `llmgw up`) running? Set --url or LLMGW_CONTROL_URL"
-            ) from None
+                f"cannot reach the control service at {self.url}{self.origin}: "
+                f"{exc.message}; is `llmgw server` (or `llmgw up`) running? Set --url or "
+                "LLMGW_CONTROL_URL") from None
         except TransportError as exc:
             raise click.ClickException(str(exc)) from None
         if answer is not None:
@@ -86,6 +112,14 @@ class Client:
 
     def delete(self, path: str, answer: type[pydantic.BaseModel] | None = None) -> Any:
         return self.request("DELETE", path, answer=answer)
+
+
+def not_control(url: str, answer: str) -> str:
+    """A 404 that is not JSON: whatever answers at ``url`` is not the control service."""
+    return (f"{url} does not serve the admin API ({answer[:200]}): is it the control "
+            f"service's URL? `llmgw ctl` talks to the control service (`llmgw server`, port "
+            f"8470 by default), not to the router (port 8480); pass --url or set "
+            "LLMGW_CONTROL_URL")
 
 
 def state_file(name: str) -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -17,19 +16,22 @@ from ..api import admin as messages
 from ..catalog import parse_duration
 from ..status.render import human_bytes, render
 from ..status.summary import device_label, location
-from .client import ApiError, Client, admin_token
-from .output import ago, emit, output_option
+from ..status.telling import telling_line
+from .client import DEFAULT_URL, ApiError, Client, admin_token, control_url
+from .output import ago, emit, output_option, terminal_width
 from .text import clean, printable, printable_lines
+
+URL_HELP = ("the control service [$LLMGW_CONTROL_URL, else the URL a running `llmgw up` "
+            f"wrote in its state directory, else {DEFAULT_URL}]")
 
 
 @click.group()
-@click.option("--url", envvar="LLMGW_CONTROL_URL", default="http://127.0.0.1:8470",
-              show_default=True, help="the control service")
+@click.option("--url", envvar="LLMGW_CONTROL_URL", default=None, help=URL_HELP)
 @click.option("--token", default=None, help="admin token (or LLMGW_ADMIN_TOKEN)")
 @click.option("--ca", "ca_file", envvar="LLMGW_CA_FILE", default=None,
               help="CA file that signed the control service's certificate (https URLs)")
 @click.pass_context
-def ctl(ctx: click.Context, url: str, token: str | None, ca_file: str | None) -> None:
+def ctl(ctx: click.Context, url: str | None, token: str | None, ca_file: str | None) -> None:
     """Operate a running llmgw: apply the catalog, list models, nodes, replicas, events."""
     ctx.obj = {"url": url, "token": token, "ca_file": ca_file}
 
@@ -47,15 +49,24 @@ class SafeClient(Client):
 
 
 def client(ctx: click.Context) -> Client:
-    return SafeClient(ctx.obj["url"], admin_token(ctx.obj["token"]),
-                      ca_file=ctx.obj["ca_file"])
+    url, origin = control_url(ctx.obj["url"])
+    return SafeClient(url, admin_token(ctx.obj["token"]), ca_file=ctx.obj["ca_file"],
+                      origin=origin)
 
 
-def show(data: Any, rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str) -> None:
+def show(data: Any, rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str,
+         optional: Sequence[int] = ()) -> None:
     """``emit`` with every cell of a table through ``text.printable`` (a name with an
-    escape sequence shows as ``\\x1b[2J``, it does not clear the screen); JSON as is."""
+    escape sequence shows as ``\\x1b[2J``, it does not clear the screen); JSON as is.
+    One line per row, fitted to the terminal: ``optional`` columns go first."""
     safe = [[printable(c) if isinstance(c, str) else c for c in row] for row in rows]
-    emit(data, safe, headers, fmt)
+    emit(data, safe, headers, fmt, optional=optional)
+
+
+def telling(text: str | None) -> str:
+    """An error or a message as one line: the line of it that says most
+    (``status.telling``); the whole text is in ``-o json``."""
+    return telling_line(text) if text else ""
 
 
 def say(text: str) -> None:
@@ -71,9 +82,14 @@ def part(name: str) -> str:
 @ctl.command()
 @click.option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False),
               help="catalog YAML ('-' for standard input)")
-@click.option("--prune", is_flag=True, help="delete models that are not in the file")
+@click.option("--prune", is_flag=True,
+              help="delete models that are not in the file (shown first and asked; "
+                   "--yes when standard input is not a terminal)")
+@click.option("--dry-run", is_flag=True,
+              help="show what would be created, updated and deleted; change nothing")
+@click.option("-y", "--yes", is_flag=True, help="delete with --prune without asking")
 @click.pass_context
-def apply(ctx: click.Context, path: str, prune: bool) -> None:
+def apply(ctx: click.Context, path: str, prune: bool, dry_run: bool, yes: bool) -> None:
     """Create or update the catalog's models."""
     if path == "-":
         text = sys.stdin.read()
@@ -84,12 +100,69 @@ def apply(ctx: click.Context, path: str, prune: bool) -> None:
         except OSError as exc:
             raise click.ClickException(f"cannot read the catalog {path}: {exc.strerror}") \
                 from None
-    result = client(ctx).request("PUT", "/api/v1/catalog" + ("?prune=true" if prune else ""),
-                                 text.encode(), "application/yaml",
-                                 answer=messages.CatalogResult)
-    for verb in ("created", "updated", "deleted", "unchanged"):
-        for name in result.get(verb, []):
-            say(f"model {name} {verb}")
+    api = client(ctx)
+
+    def put(dry: bool) -> dict[str, Any]:
+        path = "/api/v1/catalog" + ("/dry-run" if dry else "") + ("?prune=true" if prune
+                                                                   else "")
+        try:
+            result: dict[str, Any] = api.request("PUT", path, text.encode(),
+                                                 "application/yaml",
+                                                 answer=messages.CatalogResult)
+        except ApiError as exc:
+            if dry and exc.reason in ("not_found", "method_not_allowed"):
+                raise click.ClickException(
+                    f"the control service at {api.url} cannot do a dry run (it is older "
+                    "than this ctl); nothing was applied. Upgrade it, or apply without "
+                    "--dry-run (with --prune: --yes deletes without showing what)") from None
+            raise
+        return result
+
+    if prune and not dry_run and not yes:
+        doomed = put(dry=True)["deleted"]
+        if doomed:
+            confirm_prune(doomed, path == "-")
+    for line in apply_lines(put(dry=dry_run)):
+        say(line)
+
+
+def confirm_prune(names: list[str], catalog_on_stdin: bool) -> None:
+    """Show the models --prune deletes and ask (y/N) on a terminal; elsewhere refuse
+    without --yes. Raises ClickException when not confirmed."""
+    say(f"--prune deletes {plural(len(names), 'model')} that the catalog does not name: "
+        + ", ".join(names))
+    if catalog_on_stdin or not sys.stdin.isatty():
+        raise click.ClickException(
+            f"not deleting {plural(len(names), 'model')} without confirmation: standard "
+            "input is not a terminal to ask on. Pass --yes to delete them, or --dry-run to "
+            "see the whole change; nothing was applied")
+    if not click.confirm(f"delete {plural(len(names), 'model')}?", default=False):
+        raise click.ClickException("not confirmed: nothing was applied")
+
+
+def apply_lines(result: dict[str, Any]) -> list[str]:
+    """What ``ctl apply`` says about the answer of ``PUT /api/v1/catalog``."""
+    dry = result.get("dry_run", False)
+    named = result["created"] + result["updated"] + result["unchanged"]
+    kept = result.get("kept") or []
+    lines = [f"model {name} " + (f"would be {verb}" if dry and verb != "unchanged" else verb)
+             for verb in ("created", "updated", "deleted", "unchanged")
+             for name in result[verb]]
+    if not named and not result["deleted"]:
+        lines.append("the catalog has no models: nothing applied" + (
+            f"; the {plural(len(kept), 'model')} in the store were kept "
+            f"({', '.join(kept)}): --prune deletes them all" if kept
+            else " (the store has none either)"))
+    elif kept:
+        lines.append(f"{plural(len(kept), 'model')} not in the catalog kept: "
+                     f"{', '.join(kept)} (--prune deletes them)")
+    if dry:
+        lines.append("dry run: nothing was changed")
+    return lines
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 @ctl.command()
@@ -100,10 +173,10 @@ def models(ctx: click.Context, fmt: str) -> None:
     data = client(ctx).get("/api/v1/models", answer=messages.ModelList)
     rows = [(m["name"], m["engine"], m["profile"]["class"], f"{m['ready']}/{m['wanted']}",
              m["state"] + (" (on demand)" if m["on_demand"] else ""),
-             m["consecutive_failures"], m["reason"] or "")
+             m["consecutive_failures"], telling(m["reason"]))
             for m in data["models"]]
     show(data, rows, ("MODEL", "ENGINE", "CLASS", "READY", "STATE", "FAILURES", "REASON"),
-         fmt)
+         fmt, optional=(1, 2))
 
 
 @ctl.group(invoke_without_command=True)
@@ -179,10 +252,10 @@ def replicas(ctx: click.Context, fmt: str) -> None:
     now = time.time()
     rows = [(r["id"], r["model"], where(r), r["port"], state_text(r),
              ago(r["started"], now), ago(r["last_used"], now),
-             (r["last_error"] or "").splitlines()[-1][:80] if r["last_error"] else "")
+             telling(r["last_error"]))
             for r in data["replicas"]]
     show(data, rows, ("REPLICA", "MODEL", "NODE:DEVICES", "PORT", "STATE", "STARTED",
-                      "LAST USED", "LAST ERROR"), fmt)
+                      "LAST USED", "LAST ERROR"), fmt, optional=(3, 5))
 
 
 def where(replica: dict[str, Any]) -> str:
@@ -217,7 +290,7 @@ def events(ctx: click.Context, limit: int, fmt: str) -> None:
     """What happened and why, newest first."""
     data = client(ctx).get(f"/api/v1/events?limit={limit}", answer=messages.EventList)
     rows = [(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])), e["kind"],
-             e["subject"], e["message"]) for e in data["events"]]
+             e["subject"], telling(e["message"])) for e in data["events"]]
     show(data, rows, ("TIME", "KIND", "SUBJECT", "MESSAGE"), fmt)
 
 
@@ -226,8 +299,12 @@ def events(ctx: click.Context, limit: int, fmt: str) -> None:
 @click.pass_context
 def retry(ctx: click.Context, model: str) -> None:
     """Unpark MODEL: forget its failures and place it again."""
-    client(ctx).post(f"/api/v1/models/{model}/retry", {})
-    say(f"model {model} unparked; it will be placed again")
+    result = client(ctx).post(f"/api/v1/models/{part(model)}/retry", {},
+                              answer=messages.Retried)
+    if result["was_parked"]:
+        say(f"model {model} unparked; it will be placed again")
+    else:
+        say(f"model {model} was not parked: nothing to unpark (its failure count was reset)")
 
 
 @ctl.command()
@@ -260,7 +337,7 @@ def status(ctx: click.Context, fmt: str, watch: bool, interval: float,
             if fmt == "json":
                 text = json.dumps(data, indent=2) + "\n"
             else:
-                text = render(data, shutil.get_terminal_size((100, 40)).columns, color)
+                text = render(data, terminal_width(), color)
             if not watch:
                 click.echo(text, nl=False, color=color)   # click strips colour off a TTY
                 return
@@ -283,7 +360,7 @@ def plan(ctx: click.Context, fmt: str) -> None:
         return
     data = clean(data)             # every name and reason below: no raw escapes
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    click.echo(render(data, shutil.get_terminal_size((100, 40)).columns, color,
+    click.echo(render(data, terminal_width(), color,
                       sections=("capacity", "fabrics")), color=color)
     if not (data["starts"] or data["stops"] or data["unplaceable"]):
         click.echo("nothing to do: every model has what it wants")
@@ -333,21 +410,15 @@ def keys_delete(ctx: click.Context, name: str) -> None:
     say(f"API key {name} deleted; routers refuse it from their next routes refresh")
 
 
-def status_args(argv: list[str]) -> list[str]:
-    """``llmgw-status [--url U] [--token T] [-o json]`` as ``ctl`` arguments."""
-    front: list[str] = []
-    rest: list[str] = []
-    it = iter(argv)
-    for arg in it:
-        if arg in ("--url", "--token", "--ca"):
-            front += [arg, next(it, "")]
-        elif arg.startswith(("--url=", "--token=", "--ca=")):
-            front.append(arg)
-        else:
-            rest.append(arg)
-    return [*front, "status", *rest]
+@click.command("llmgw-status", params=[*ctl.params, *status.params], help=status.help)
+@click.pass_context
+def status_command(ctx: click.Context, url: str | None, token: str | None,
+                   ca_file: str | None, **options: Any) -> None:
+    ctx.obj = {"url": url, "token": token, "ca_file": ca_file}
+    ctx.invoke(status, **options)
 
 
 def status_main() -> None:
-    """``llmgw-status``: the same as ``llmgw ctl status``."""
-    ctl.main(args=status_args(sys.argv[1:]), prog_name=os.path.basename(sys.argv[0]))
+    """``llmgw-status``: the same as ``llmgw ctl status``, with ``ctl``'s --url, --token
+    and --ca."""
+    status_command.main(prog_name=os.path.basename(sys.argv[0]) or "llmgw-status")

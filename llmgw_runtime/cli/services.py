@@ -89,7 +89,9 @@ def agent(**flags: Any) -> None:
 @click.option("--port", type=int, default=None)
 @click.option("--workers", type=int, default=None)
 @click.option("--require-api-key/--no-require-api-key", default=None,
-              help="require an API key on every request [required]")
+              help="whether every request needs an API key (`llmgw ctl keys create`); "
+                   "keys are required unless --no-require-api-key (a trusted network) "
+                   "[$LLMGW_REQUIRE_API_KEY]")
 def router(**flags: Any) -> None:
     """Run the OpenAI-compatible router."""
     from ..router.config import RouterConfig

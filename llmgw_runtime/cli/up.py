@@ -22,8 +22,9 @@ from typing import Any
 import click
 
 from ..control.config import default_state_dir
+from ..doctor.local import ENV_FILE as AGENT_ENV_FILE
 from ..security import new_token, private_dir
-from .client import Client
+from .client import DEFAULT_URL, URL_FILE, Client
 from .supervise import RestartPolicy, Supervised, log_since
 
 DEMO_MODEL = "smollm2-135m-instruct"
@@ -57,6 +58,48 @@ def prepare_state(state: Path) -> tuple[Path, dict[str, str]]:
     tokens = {kind: _secret(secrets / f"{kind}-token", kind)
               for kind in ("admin", "join", "router")}
     return logs, tokens
+
+
+def write_control_url(state: Path, url: str) -> Path:
+    """Where `llmgw ctl` finds this run (``cli.client.control_url``): the control URL in
+    ``secrets/`` next to the admin token, 0600; removed again by :func:`forget_control_url`."""
+    path = state / "secrets" / URL_FILE
+    with os.fdopen(private_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as fh:
+        fh.write(url + "\n")
+    return path
+
+
+def forget_control_url(state: Path, url: str) -> None:
+    """Remove the URL file if it is still this run's (another run may have written it)."""
+    path = state / "secrets" / URL_FILE
+    try:
+        if path.read_text().strip() == url:
+            path.unlink()
+    except OSError:
+        pass
+
+
+def ctl_command(control_url: str, state: Path) -> str:
+    """The exact `llmgw ctl status` for this run: ctl reads the admin token and the URL
+    from the state directory, so ``--url`` only when the port is not the default and
+    LLMGW_STATE_DIR only when ctl would not look in ``state`` by itself."""
+    command = "llmgw ctl" + (f" --url {control_url}" if control_url != DEFAULT_URL else "") \
+        + " status"
+    if default_state_dir().resolve() != state.resolve():
+        command = f"LLMGW_STATE_DIR={state} {command}"
+    return command
+
+
+def write_agent_env(state: Path, control_url: str) -> dict[str, str]:
+    """This run's agent settings, written to ``<state>/agent.env`` (0600) where `llmgw
+    doctor` finds them (doctor/local.py); the agent is started with exactly these."""
+    values = {"LLMGW_CONTROL_URL": control_url, "LLMGW_STATE_DIR": str(state / "agent"),
+              "LLMGW_DEVICES": "cpu"}
+    path = state / AGENT_ENV_FILE
+    with os.fdopen(private_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as fh:
+        fh.write("# The agent of `llmgw up`, written at each start; `llmgw doctor` reads it.\n"
+                 + "".join(f"{k}={v}\n" for k, v in values.items()))
+    return values
 
 
 def stored_catalog(state: Path, given: Path | None) -> str:
@@ -213,7 +256,7 @@ def _wait_ready(admin: Client, children: list[Child], timeout: float,
 
 
 def _banner(router_url: str, admin_token: str, models: list[dict[str, Any]],
-            control_url: str = "") -> str:
+            control_url: str = DEFAULT_URL, ctl: str = "llmgw ctl status") -> str:
     name = next((m["name"] for m in models if m["state"] == "ready"),
                 models[0]["name"] if models else DEMO_MODEL)
     body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}]})
@@ -231,7 +274,7 @@ Try it:
   python -c "import openai; c = openai.OpenAI(base_url='{router_url}/v1', api_key='none'); \\
 print(c.chat.completions.create(model='{name}', messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
 
-  llmgw ctl status        (the admin token is read from the state directory)
+  {ctl}        (the admin token and URL are read from the state directory)
 A process that dies is restarted; Ctrl-C stops everything.
 """
 
@@ -283,6 +326,7 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
             "server", "--host", host, "--port", str(control_port), "--state-dir", str(state),
             "--workers", "1"], "control.log")
         _wait_http(control_url + "/healthz", control.proc, 60)
+        write_control_url(state, control_url)
         admin = Client(control_url, tokens["admin"])
         admin.request("PUT", "/api/v1/catalog", catalog_text.encode(), "application/yaml")
         router = supervise("router", [
@@ -290,12 +334,14 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
             str(router_port), "--workers", "1", "--no-require-api-key"], "router.log")
         # Without --stop-engines-on-exit: an agent that dies leaves its engines serving and
         # the restarted one adopts them; at the end `up` stops the engines itself.
+        agent = write_agent_env(state, control_url)
         supervise("agent", [
-            "agent", "--control-url", control_url, "--state-dir", str(state / "agent"),
-            "--devices", "cpu"], "agent.log")
+            "agent", "--control-url", agent["LLMGW_CONTROL_URL"], "--state-dir",
+            agent["LLMGW_STATE_DIR"], "--devices", agent["LLMGW_DEVICES"]], "agent.log")
         _wait_http(router_url + "/healthz", router.proc, 60)
         models = _wait_ready(admin, [c.proc for c in children], ready_timeout)
-        click.echo(_banner(router_url, tokens["admin"], models, control_url))
+        click.echo(_banner(router_url, tokens["admin"], models, control_url,
+                           ctl_command(control_url, state)))
         while True:
             now = time.monotonic()
             for child in children:
@@ -310,6 +356,7 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
             child.proc.stop()
         from ..agent.supervisor import stop_recorded_engines
         stop_recorded_engines(state / "agent")
+        forget_control_url(state, control_url)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
     click.echo("llmgw: stopped")

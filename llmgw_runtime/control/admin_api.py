@@ -17,18 +17,67 @@ from .web import json_body, now_of, require, store
 bp = Blueprint("admin", __name__, url_prefix="/api/v1")
 
 
+class _DryRun(Exception):
+    """Raised inside a dry run's transaction to roll it back; carries what it found."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__("dry run")
+        self.result = result
+
+
+def _flag(name: str) -> bool:
+    """A boolean query parameter: absent is false; anything but true/false (1/0, yes/no)
+    is a 400 naming it."""
+    value = request.args.get(name, "false").lower()
+    if value not in ("1", "true", "yes", "0", "false", "no"):
+        raise ValidationError(f"?{name}={value!r} is not a boolean: use {name}=true or "
+                              f"{name}=false")
+    return value in ("1", "true", "yes")
+
+
+def kept_models(before: list[str], specs: list[catalog.ModelSpec], prune: bool) -> list[str]:
+    """The models in the store that the catalog does not name and that stay (no prune)."""
+    if prune:
+        return []
+    return sorted(set(before) - {s.name for s in specs})
+
+
 @bp.put("/catalog")
 @require("admin")
 def apply_catalog() -> Any:
+    """Apply the catalog; ``?prune=true`` deletes models it does not name."""
+    return _apply(dry_run=False)
+
+
+@bp.put("/catalog/dry-run")
+@require("admin")
+def dry_run_catalog() -> Any:
+    """What ``PUT /catalog`` with the same body and ``?prune`` would create, update and
+    delete, and nothing changes: the very same apply, in a transaction rolled back (one
+    place computes it). A path of its own, so that a control service too old to have it
+    answers 404 instead of applying."""
+    return _apply(dry_run=True)
+
+
+def _apply(dry_run: bool) -> Any:
     text = request.get_data(as_text=True)
     specs = catalog.parse(text)
-    prune = request.args.get("prune", "false").lower() in ("1", "true", "yes")
+    prune = _flag("prune")
 
     def write(conn: Any) -> dict[str, Any]:
         # Idempotent: applying the same specs again changes nothing and logs no event,
         # so it is retried through a store failover.
-        return fleet.apply_catalog(conn, specs, now_of(conn), prune)
-    return jsonify(store().write(write))
+        before = [m.name for m in repo.list_models(conn)]
+        result = fleet.apply_catalog(conn, specs, now_of(conn), prune)
+        return {**result, "kept": kept_models(before, specs, prune), "dry_run": dry_run}
+
+    if not dry_run:
+        return jsonify(store().write(write))
+    try:
+        with store().begin() as conn:
+            raise _DryRun(write(conn))
+    except _DryRun as done:
+        return jsonify(done.result)
 
 
 @bp.get("/models")
@@ -61,9 +110,11 @@ def delete_model(name: str) -> Any:
 @bp.post("/models/<path:name>/retry")
 @require("admin")
 def retry(name: str) -> Any:
+    """Unpark ``name`` and forget its failures; ``was_parked`` says whether it was parked
+    (a model that was not only has its failure count reset)."""
     with store().begin() as conn:
-        fleet.unpark(conn, name, now_of(conn))
-    return jsonify({"model": name, "parked": False})
+        was_parked = fleet.unpark(conn, name, now_of(conn), by=_by())
+    return jsonify({"model": name, "parked": False, "was_parked": was_parked})
 
 
 @bp.get("/nodes")

@@ -118,8 +118,9 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> dict[str, Any
                    "why": result.stop_reasons.get(rid, "no longer wanted")}
                   for rid in result.stops],
         "unplaceable": result.unplaceable,
-        "devices": status_summary.devices_by_class(node_dicts, replica_dicts, now,
-                                                   settings.node_timeout_s, used),
+        "devices": status_summary.devices_by_class(
+            node_dicts, replica_dicts, now, settings.node_timeout_s, used,
+            [repo.model_to_dict(m) for m in fleet.models.values()]),
         "cards_unusable": status_summary.idle_cards(node_dicts),
         "fabrics": fabrics,
         "models": model_weights,
@@ -176,6 +177,6 @@ def activate(conn: Connection, name: str, now: float, settings: Settings
         repo.update_model(conn, name, placement_reason=reason)
     model = repo.get_model(conn, name)
     state = model_state(model, [r for r in fleet.replicas if r.model == name], now)
-    if state.state in ("idle", "activating", "stopped") and not reason:
+    if state.state in ("idle", "activating") and not reason:
         return "starting", state.reason, streak
     return state.state, state.reason, streak

@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -28,7 +29,9 @@ from .errors import (
     ModelNotFound,
     ModelNotReady,
     ModelParked,
+    ModelStopped,
     ModelUnplaceable,
+    NotControlService,
     ReplicasUnreachable,
     RequestTooLarge,
     RouterError,
@@ -241,6 +244,10 @@ def _refuse(state: str, reason: Any, model: str) -> None:
         raise ModelUnplaceable(f"model '{model}' cannot be placed: {reason or 'no device fits'}. "
                                "Free or add a device that fits its profile, or change the "
                                "profile in the catalog", param="model")
+    if state == "stopped":
+        raise ModelStopped(f"model '{model}' is stopped: it has replicas: 0 in the catalog. "
+                           "An operator starts it by giving it replicas (or on_demand: true) "
+                           "and running `llmgw ctl apply`", param="model")
 
 
 def _too_large(limit: int, size: int | None = None) -> RequestTooLarge:
@@ -354,11 +361,48 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
     def models() -> Response:
         table = state.current_table()
         state.check_api_key(table)
-        data = [{"id": name, "object": "model", "created": table.first_seen.get(name, 0),
-                 "owned_by": "llmgw"} for name in sorted(table.models)]
-        return jsonify({"object": "list", "data": data})
+        return jsonify({"object": "list", "data": [model_entry(table, name)
+                                                   for name in sorted(table.models)]})
+
+    @bp.get("/v1/models/<path:model_id>")
+    def model(model_id: str) -> Response:
+        """One model, as in the list (the openai client's ``models.retrieve``); a model
+        added a moment ago is looked up again before the 404, as for a request."""
+        table = state.current_table()
+        state.check_api_key(table)
+        if len(model_id) <= MAX_MODEL_NAME:
+            table = state.table_for(model_id, table)
+        if model_id not in table.models:
+            raise ModelNotFound(f"model '{model_id[:MAX_MODEL_NAME]}' is not in the catalog; "
+                                "GET /v1/models lists the models this router serves",
+                                param="model")
+        return jsonify(model_entry(table, model_id))
+
+    @bp.route("/api", methods=_ALL_METHODS)
+    @bp.route("/api/<path:rest>", methods=_ALL_METHODS)
+    def admin_api(rest: str = "") -> Response:
+        raise NotControlService(not_control_message(state.config.control_url))
 
     return bp
+
+
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+
+
+def model_entry(table: RoutesTable, name: str) -> dict[str, Any]:
+    """A model as OpenAI's ``GET /v1/models`` lists it (``api.router.ModelEntry``)."""
+    return {"id": name, "object": "model", "created": table.first_seen.get(name, 0),
+            "owned_by": "llmgw"}
+
+
+def not_control_message(control_url: str) -> str:
+    """What the router answers to an admin API path: ``llmgw ctl`` was pointed at it. The
+    control service's URL is named without any user:password part."""
+    parts = urlsplit(control_url)
+    url = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
+    return ("this is the llmgw router (the OpenAI API, /v1/...), not the control service: "
+            f"`llmgw ctl` talks to the control service at {url} (`llmgw ctl --url {url} "
+            "...`, or set LLMGW_CONTROL_URL)")
 
 
 _HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed",

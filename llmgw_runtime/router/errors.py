@@ -57,12 +57,23 @@ class ModelNotFound(RouterError):
     status, code, type = 404, "model_not_found", "invalid_request_error"
 
 
+class NotControlService(RouterError):
+    """An admin API path (``/api/...``) asked of the router: ``llmgw ctl`` pointed at
+    the router's URL. The message names the control service's URL."""
+
+    status, code, type = 404, "not_the_control_service", "invalid_request_error"
+
+
 class ModelParked(RouterError):
     status, code = 503, "model_parked"
 
 
 class ModelUnplaceable(RouterError):
     status, code = 503, "model_unplaceable"
+
+
+class ModelStopped(RouterError):
+    status, code = 503, "model_stopped"
 
 
 class ModelNotReady(RouterError):

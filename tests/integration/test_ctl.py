@@ -10,7 +10,7 @@ import openai
 import pytest
 from click.testing import CliRunner
 
-from llmgw_runtime.cli.ctl import ctl, status_args
+from llmgw_runtime.cli.ctl import ctl, status_command
 from llmgw_runtime.cli.main import cli
 
 from .conftest import Cluster, tiny_catalog
@@ -49,9 +49,8 @@ def test_every_listing_has_a_table_and_json(cluster: Cluster) -> None:
 
 
 def test_llmgw_status_is_ctl_status(cluster: Cluster) -> None:
-    args = status_args(["--url", cluster.control_url, "--token", cluster.admin_token,
-                        "-o", "json"])
-    result = CliRunner().invoke(ctl, args)
+    result = CliRunner().invoke(status_command, ["--url", cluster.control_url, "--token",
+                                                 cluster.admin_token, "-o", "json"])
     assert result.exit_code == 0 and json.loads(result.output)["nodes"]["total"] == 1
 
 

@@ -141,3 +141,12 @@ def test_a_model_applied_a_moment_ago_is_never_404(cluster_factory: Any,
     _, resp = chat(c, "fresh")
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["message"]["role"] == "assistant"
+
+    # A model kept with replicas: 0 is refused at once and says how to start it, instead
+    # of waiting out the activation window for a start that never comes.
+    c.apply(tiny_catalog(tiny_model, name="held", replicas=0))
+    elapsed, resp = chat(c, "held")
+    error = resp.json()["error"]
+    assert (resp.status_code, error["code"]) == (503, "model_stopped"), resp.text
+    assert "replicas: 0" in error["message"] and "llmgw ctl apply" in error["message"]
+    assert elapsed < 5, elapsed

@@ -12,8 +12,10 @@ from typing import Any
 import openai
 import pytest
 import requests
+from click.testing import CliRunner
 
 from llmgw_runtime.cli.client import Client
+from llmgw_runtime.cli.main import cli
 from tests.integration.conftest import tiny_catalog
 from tests.support.procs import LlmgwProcess, descendants, free_port, pid_alive, wait_until
 
@@ -40,6 +42,14 @@ def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -
         assert f"http://127.0.0.1:{router_port}/v1" in banner and "curl -s" in banner
         admin_token = (state / "secrets" / "admin-token").read_text().strip()
         assert admin_token in banner
+        # not the default ports: the banner gives the exact command, and ctl finds this
+        # run from the state directory alone (the URL file next to the admin token)
+        assert f"llmgw ctl --url http://127.0.0.1:{control_port} status" in banner
+        result = CliRunner().invoke(cli, ["ctl", "status"], env={
+            "LLMGW_STATE_DIR": str(state), "LLMGW_CONTROL_URL": None,
+            "LLMGW_ADMIN_TOKEN": None})
+        assert result.exit_code == 0 and "smollm2-135m-instruct" in result.output, \
+            result.output
         console = f"http://127.0.0.1:{control_port}/console/"
         assert console in banner
         assert "Log in" in requests.get(console, timeout=10).text   # the login page
@@ -70,6 +80,7 @@ def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -
         up.proc.wait(60)
     assert up.proc.returncode == 0, up.tail()
     assert "llmgw: stopped" in up.log.read_text()
+    assert not (state / "secrets" / "control-url").exists()   # ctl no longer goes there
     left = [pid for pid in family if pid_alive(pid)]
     assert left == [], f"processes left after Ctrl-C: {left}"
 

@@ -6,12 +6,14 @@ import io
 import json
 from collections.abc import Iterator
 
+import openai
 import pytest
 from fake_control import FakeControl
 from flask import Flask
 
 from llmgw_runtime.router.app import create_app
 from llmgw_runtime.router.config import RouterConfig
+from tests.control.conftest import served
 
 from .conftest import ROUTER_TOKEN, model, table
 
@@ -160,3 +162,20 @@ def test_method_not_allowed_keeps_the_allow_header(open_app: Flask) -> None:
     assert resp.get_json()["error"]["code"] == "method_not_allowed"
     resp = c.delete("/v1/models")
     assert resp.status_code == 405 and "GET" in resp.headers["Allow"]
+
+
+def test_retrieve_a_model_whose_name_has_a_slash_with_the_openai_client(
+        engines: dict[str, str]) -> None:
+    control = FakeControl(table(model("org/chat", endpoints=[("r-e1", engines["e1"])]),
+                                keys=()), ROUTER_TOKEN).start()
+    app = _app(control.url, require_api_key=False)
+    try:
+        with served(app) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+            assert client.models.retrieve("org/chat").id == "org/chat"
+            with pytest.raises(openai.NotFoundError) as info:
+                client.models.retrieve("org/nope")
+            assert info.value.response.json()["error"]["code"] == "model_not_found"
+    finally:
+        _stop(app)
+        control.stop()

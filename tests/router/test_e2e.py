@@ -56,6 +56,33 @@ def test_models_lists_every_catalog_model(client: openai.OpenAI) -> None:
     assert {"chat", "parked", "unplaceable", "ondemand"} <= ids
 
 
+def test_retrieve_gives_one_model_and_an_unknown_one_is_404(client: openai.OpenAI,
+                                                            router: str) -> None:
+    chat = client.models.retrieve("chat")
+    assert (chat.id, chat.object, chat.owned_by) == ("chat", "model", "llmgw")
+    assert chat.created == next(m.created for m in client.models.list() if m.id == "chat")
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    err = _error(info.value)
+    assert (err["code"], err["type"], err["param"]) == ("model_not_found",
+                                                        "invalid_request_error", "model")
+    assert "'no-such-model' is not in the catalog" in err["message"]
+    assert "GET /v1/models" in err["message"]
+    resp = requests.get(router + "/v1/models/chat", timeout=10)      # keys are required
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_an_admin_api_path_is_answered_this_is_the_router(router: str,
+                                                          control: Control) -> None:
+    for method in ("GET", "PUT", "DELETE"):
+        resp = requests.request(method, router + "/api/v1/status", timeout=10,
+                                headers={"Authorization": "Bearer llmgw-admin-x"})
+        err = resp.json()["error"]
+        assert (resp.status_code, err["code"]) == (404, "not_the_control_service")
+        assert err["message"].startswith("this is the llmgw router")
+        assert f"llmgw ctl --url {control.url} ..." in err["message"]
+
+
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="nope", messages=[])
@@ -226,6 +253,9 @@ def test_openapi_schemas_match_real_responses(router: str) -> None:
 
     check("/v1/models", "get", requests.get(router + "/v1/models", headers=auth, timeout=10))
     check("/v1/models", "get", requests.get(router + "/v1/models", timeout=10))
+    for name in ("chat", "nope"):
+        check("/v1/models/{model}", "get",
+              requests.get(router + f"/v1/models/{name}", headers=auth, timeout=10))
     check("/healthz", "get", requests.get(router + "/healthz", timeout=10))
     for body in ({"model": "nope"}, {"model": "parked"}, {"model": 3}):
         check("/v1/chat/completions", "post",
