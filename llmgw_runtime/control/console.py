@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException
 from ..errors import LlmgwError, StoreError
 from ..status import render
 from ..status.summary import device_label, location, node_alive
+from ..status.telling import telling_line
 from ..store import repo
 from . import console_auth as auth
 from . import fleet, throttle
@@ -89,6 +90,7 @@ def gb(mb: float | None) -> str:
 
 
 bp.add_app_template_filter(render.human_bytes, "bytes")
+bp.add_app_template_filter(telling_line, "telling")
 
 
 @bp.after_request

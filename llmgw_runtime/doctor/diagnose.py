@@ -1,5 +1,6 @@
 """The doctor's judgement: a pure function from what was found on the node to findings,
-each with a level and, for anything wrong, what to do. Exit code 0 / 1 / 2."""
+each with a level and, for anything wrong, what to do. Exit code 0 / 1 / 2; a node with no
+usable device (no driver, a device source that finds nothing or cannot look) is 2."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ class Facts:
     nvml: Discovery | None = None           # None: not looked at
     nvidia_smi: Discovery | None = None
     other: Discovery | None = None          # cpu / fake / none when that is the spec
+    other_failed: str | None = None         # that source could not look at all (its words)
+    devices: str = ""                       # the whole --devices value (fake:/path/file)
+    settings_from: str | None = None        # whose settings are checked (doctor/local.py)
+    settings_problem: str | None = None     # the agent's env file exists but is unreadable
     engines: dict[str, str | None] = field(default_factory=dict)  # name -> problem or None
     weights: list[WeightsDir] = field(default_factory=list)
     control_url: str | None = None
@@ -164,12 +169,52 @@ def diagnose(facts: Facts) -> list[Finding]:
         if usable is not None:
             findings += _cards(usable)
     elif facts.other is not None:
-        kinds = ", ".join(sorted({d.klass for d in facts.other.devices})) or "none"
-        findings.append(Finding(OK, "devices", f"device source {facts.devices_spec}: "
-                                f"{len(facts.other.devices)} device(s) ({kinds})"))
-        for problem in facts.other.problems:
-            findings.append(Finding(WARNING, "devices", problem))
-    return findings + _rest(facts)
+        findings += _other(facts, facts.other)
+    return _settings(facts) + findings + _rest(facts)
+
+
+def _settings(facts: Facts) -> list[Finding]:
+    out = []
+    if facts.settings_from:
+        out.append(Finding(OK, "settings", f"{facts.settings_from}: devices "
+                           f"{facts.devices or facts.devices_spec}, control service "
+                           f"{facts.control_url or '(none)'}"))
+    if facts.settings_problem:
+        out.append(Finding(WARNING, "settings", facts.settings_problem,
+                           "run the doctor as the agent's user or root (sudo -u llmgw llmgw "
+                           "doctor), or name a readable file with --env-file"))
+    return out
+
+
+def _other(facts: Facts, found: Discovery) -> list[Finding]:
+    """A non-GPU source (cpu, fake, none). No device at all is an error: the node can run
+    no model (exit code 2), whichever source said so."""
+    spec = facts.devices or facts.devices_spec
+    if facts.other_failed:
+        fix = ("check the file named after fake: (--devices or LLMGW_DEVICES); it lists the "
+               "devices as YAML or JSON" if facts.devices_spec == "fake" else
+               "fix what it says, or choose another device source with --devices")
+        return [Finding(ERROR, "devices", f"device source {spec} cannot be used: "
+                        f"{facts.other_failed}", fix)]
+    out = []
+    healthy = [d for d in found.devices if d.healthy]
+    if not found.devices:
+        fix = ("--devices none means a node that only reports; use auto for GPUs or cpu for "
+               "the CPU" if facts.devices_spec == "none" else
+               "list at least one device in the file" if facts.devices_spec == "fake" else
+               "see the problems above")
+        out.append(Finding(ERROR, "devices", f"device source {spec} found no device: this "
+                           "node can run no model", fix))
+    else:
+        kinds = ", ".join(sorted({d.klass for d in found.devices}))
+        out.append(Finding(OK if healthy else ERROR, "devices",
+                           f"device source {spec}: {len(found.devices)} device(s) ({kinds})"
+                           + ("" if healthy else ", none of them healthy: this node can run "
+                              "no model"),
+                           None if healthy else "see each device's reason (llmgw ctl nodes)"))
+    for problem in found.problems:
+        out.insert(0, Finding(WARNING, "devices", problem))
+    return out
 
 
 def exit_code(findings: list[Finding]) -> int:

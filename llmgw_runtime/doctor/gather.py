@@ -15,6 +15,7 @@ from ..devices.sources import DeviceSource, source_from_spec
 from ..engines.drivers import engine_problems
 from ..errors import LlmgwError
 from .diagnose import GPU_SPECS, Facts, WeightsDir
+from .local import LocalSettings
 
 
 def engines(config: AgentConfig) -> dict[str, str | None]:
@@ -57,23 +58,40 @@ def _look(source: DeviceSource | None) -> Discovery | None:
         return Discovery(problems=[str(exc)], source=source.name)
 
 
+def _look_other(spec: str) -> tuple[Discovery, str | None]:
+    """A cpu, fake or none source's discovery, and its failure when it could not look at
+    all (a fake file that cannot be read, /proc/meminfo unreadable), in its own words."""
+    try:
+        found = source_from_spec(spec).discover()
+    except LlmgwError as exc:
+        return Discovery(problems=[]), str(exc)
+    if spec.partition(":")[0] == "cpu" and not found.devices and found.problems:
+        return Discovery(), "; ".join(found.problems)
+    return found, None
+
+
 def gather(config: AgentConfig, *, nvml: DeviceSource | None = None,
-           nvidia_smi: DeviceSource | None = None, check_control: bool = True) -> Facts:
+           nvidia_smi: DeviceSource | None = None, check_control: bool = True,
+           local: LocalSettings | None = None) -> Facts:
     """Everything the doctor judges. GPU sources default to the real ones when the agent's
-    device source is a GPU one; tests hand in sources fed with fakes or captured output."""
+    device source is a GPU one; tests hand in sources fed with fakes or captured output.
+    ``local`` says whose settings ``config`` holds (doctor/local.py)."""
     spec = config.devices.partition(":")[0]
-    other = None
+    other, failed = None, None
     if spec in GPU_SPECS:
         if nvml is None and spec in ("auto", "nvml"):
             nvml = source_from_spec("nvml")
         if nvidia_smi is None and spec in ("auto", "nvidia-smi"):
             nvidia_smi = source_from_spec("nvidia-smi")
     else:
-        other = _look(source_from_spec(config.devices))
+        other, failed = _look_other(config.devices)
     ok, detail = (None, None)
     if check_control and config.control_url:
         ok, detail = control(config.control_url, ca_file=config.ca_file)
     return Facts(devices_spec=spec, nvml=_look(nvml), nvidia_smi=_look(nvidia_smi),
-                 other=other, engines=engines(config), weights=weights(config.weights_dirs),
+                 other=other, other_failed=failed, devices=config.devices,
+                 settings_from=local.describe() if local is not None else None,
+                 settings_problem=local.problem if local is not None else None,
+                 engines=engines(config), weights=weights(config.weights_dirs),
                  control_url=config.control_url or None, control_ok=ok,
                  control_detail=detail)

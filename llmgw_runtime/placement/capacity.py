@@ -43,6 +43,13 @@ def alive(node: NodeView, snap: Snapshot) -> bool:
     return heard_from(node.last_report, snap.now, snap.node_timeout_s)
 
 
+def shares_device(klass: str, memory_gb: float | None) -> bool:
+    """A replica of this profile shares its device with others instead of taking it whole:
+    on the CPU class always, on any other class when it declares memory_gb. The one rule
+    placement and every view of capacity (status/summary.py) use."""
+    return memory_gb is not None or klass == CPU_CLASS
+
+
 def replica_nodes(rep: ReplicaView) -> tuple[str, ...]:
     return (rep.node, *(p.node for p in rep.parts))
 
@@ -103,7 +110,7 @@ class Request:
 
     @property
     def shareable(self) -> bool:
-        return self.memory_gb is not None or self.klass == CPU_CLASS
+        return shares_device(self.klass, self.memory_gb)
 
     @property
     def signature(self) -> tuple[str, str, int, int, float | None]:
@@ -232,7 +239,7 @@ class Capacity:
                counted: bool, block: bool) -> None:
         wanted = set(devices)
         memory = spec.profile.memory_gb if spec is not None else None
-        shareable = spec is not None and (memory is not None or spec.profile.klass == CPU_CLASS)
+        shareable = spec is not None and shares_device(spec.profile.klass, memory)
         for devs in node.by_class.values():
             for dev in devs:
                 if dev.id not in wanted:

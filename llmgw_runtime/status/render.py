@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cli.text import clean
+from .telling import telling_line
 
 MIN_WIDTH = 60
 SHOW_ALL_MODELS = 20       # up to this many models, every one is listed
@@ -113,7 +114,7 @@ def render(summary: dict[str, Any], width: int = 100, color: bool = False,
     of ``summary`` is shown through ``cli.text.printable``: only our colour codes are raw."""
     width = max(width, MIN_WIDTH)
     paint = painter(color)
-    # Names and messages from the fleet: no raw escapes (newlines stay for last_line;
+    # Names and messages from the fleet: no raw escapes (newlines stay for telling_line;
     # fit() shows any left inside a line as \x0a).
     summary = clean(summary, keep_newlines=True)
     lines: list[str] = []
@@ -156,12 +157,21 @@ def clip_painted(text: str, width: int) -> str:
 
 
 def capacity(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    """Devices per class. A shared class (the CPU, or devices placed by memory_gb) shows
+    memory in USED and FREE: a device running replicas may still take more."""
     devices = s["devices"]
     if not devices:
         return ["capacity: no devices reported"] + unusable(s, width)
     rows = []
     for klass, c in devices.items():
         usable = c["total"] - c["unreachable"]
+        if c.get("shared"):
+            mem = c["memory_total_mb"]
+            pct = f"{100 * c['memory_used_mb'] / mem:.0f}%" if mem else "-"
+            rows.append([klass + "*", number(c["total"]), gigabytes(c["memory_used_mb"]),
+                         gigabytes(c["memory_free_mb"]), number(c["unhealthy"]),
+                         number(c["unreachable"]), pct, c])
+            continue
         pct = f"{100 * c['used'] / usable:.0f}%" if usable else "-"
         rows.append([klass, number(c["total"]), number(c["used"]), number(c["free"]),
                      number(c["unhealthy"]), number(c["unreachable"]), pct, c])
@@ -171,14 +181,36 @@ def capacity(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     bar_width = max(0, min(32, width - fixed))
     for r in rows:
         c = r[-1]
-        r[-1] = bar(c["used"], c["unhealthy"], c["total"] - c["unreachable"], bar_width)
+        if c.get("shared"):     # memory used of the reachable healthy devices' memory
+            r[-1] = bar(round(100 * c["memory_used_mb"] / c["memory_total_mb"])
+                        if c["memory_total_mb"] else 0, 0, 100, bar_width)
+        else:
+            r[-1] = bar(c["used"], c["unhealthy"], c["total"] - c["unreachable"], bar_width)
     if bar_width < 5:
         headers, rows = headers[:-1], [r[:-1] for r in rows]
 
     def colour(col: int, text: str) -> str | None:
         return "red" if col in (4, 5) and text.strip() not in ("0", "") else None
 
-    return ["capacity:"] + table(rows, headers, width, paint, colour) + unusable(s, width)
+    return (["capacity:"] + table(rows, headers, width, paint, colour) + shared_notes(s, width)
+            + unusable(s, width))
+
+
+def gigabytes(mb: float) -> str:
+    return f"{mb / 1024:,.1f} GB"
+
+
+def shared_notes(s: dict[str, Any], width: int) -> list[str]:
+    """One line per shared class: what its USED and FREE mean, and how many replicas run."""
+    out = []
+    for klass, c in s["devices"].items():
+        if c.get("shared"):
+            reachable = c["total"] - c["unreachable"] - c["unhealthy"]
+            out.append("  " + clip(
+                f"* {klass}: {plural(c['replicas'], 'replica')} share "
+                f"{plural(reachable, 'device')}; USED and FREE are memory "
+                "(docs/operations.md, Sharing a device)", width - 2))
+    return out
 
 
 def unusable(s: dict[str, Any], width: int) -> list[str]:
@@ -247,7 +279,7 @@ def problems(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
         out.append(paint(f"parked ({number(len(s['parked']))}):", "red") + " "
                    + "llmgw ctl retry MODEL once the cause is fixed")
         rows, more = capped(s["parked"], LIST_CAP, "llmgw ctl models")
-        out += table([(p["name"], f"{p['failures']} failures", last_line(p["last_error"]))
+        out += table([(p["name"], f"{p['failures']} failures", telling_line(p["last_error"]))
                       for p in rows], ("MODEL", "FAILURES", "LAST ERROR"), width, paint)
         out += [more] if more else []
     if s.get("unplaceable"):
@@ -261,11 +293,6 @@ def problems(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     return out
 
 
-def last_line(text: str | None) -> str:
-    lines = [line for line in (text or "").splitlines() if line.strip()]
-    return lines[-1] if lines else "-"
-
-
 def plural(n: int, word: str) -> str:
     return f"{number(n)} {word}" + ("" if n == 1 else "s")
 
@@ -273,20 +300,20 @@ def plural(n: int, word: str) -> str:
 def idle(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     data = s.get("idle") or {}
     reps, unknown = data.get("replicas") or [], data.get("unknown") or []
-    headers = ("REPLICA", "MODEL", "IDLE", "CARDS", "HOLDS")
+    headers = ("REPLICA", "MODEL", "IDLE", "DEVICES", "HOLDS")
     out: list[str] = []
     if reps:
         out.append(clip(f"idle: {plural(len(reps), 'replica')} holding "
-                        f"{plural(data['cards'], 'card')}, unused for "
+                        f"{plural(data['cards'], 'device')}, unused for "
                         f"{duration(data['after_s'])} or more (what you could stop):", width))
         rows, more = capped(reps, LIST_CAP, "llmgw ctl status -o json")
         out += table([(r["id"], r["model"], duration(r["idle_s"]), r["cards"],
                        ",".join(r["devices"])) for r in rows], headers, width, paint)
         out += [more] if more else []
     if unknown:
-        cards = sum(r["cards"] for r in unknown)
+        cards = data.get("unknown_cards", 0)
         out.append(clip(f"last use unknown (no router has reported a request for them): "
-                        f"{plural(len(unknown), 'replica')}, {plural(cards, 'card')}", width))
+                        f"{plural(len(unknown), 'replica')}, {plural(cards, 'device')}", width))
         rows, more = capped(unknown, LIST_CAP // 2, "llmgw ctl status -o json")
         out += table([(r["id"], r["model"], "-", r["cards"], ",".join(r["devices"]))
                       for r in rows], headers, width, paint)
@@ -298,7 +325,7 @@ def store(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     st = s.get("store") or {}
     members = st.get("members")
     if not members:
-        return []
+        return etcd_voters(st, width, paint)
     rows = []
     for m in members:
         if m.get("missing"):
@@ -321,7 +348,23 @@ def store(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     if not leader:
         title += ", " + paint("NO LEADER", "red")
     return [title] + table(rows, ("MEMBER", "ROLE", "STATE", "LAG", "PROBLEM"), width, paint,
-                           colour)
+                           colour) + etcd_voters(st, width, paint)
+
+
+def etcd_voters(st: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    """The store's etcd voters (Patroni's leader key), each healthy by etcd's /health."""
+    voters = st.get("voters")
+    if not voters:
+        return []
+    rows = [(v["name"], "healthy" if v.get("healthy") else "UNHEALTHY",
+             ", ".join(v.get("client_urls") or []) or "-", v.get("problem") or "")
+            for v in voters]
+    bad = sum(1 for v in voters if not v.get("healthy"))
+    title = f"etcd: {len(voters)} voters" + (
+        ", " + paint(f"{bad} UNHEALTHY", "red") if bad else "")
+    return [title] + table(rows, ("VOTER", "HEALTH", "CLIENT URLS", "PROBLEM"), width, paint,
+                           lambda col, text: ("green" if text.strip() == "healthy" else "red")
+                           if col == 1 else None)
 
 
 def human_bytes(n: float | None) -> str:

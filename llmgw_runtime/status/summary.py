@@ -8,7 +8,8 @@ from typing import Any
 
 from ..api.states import LIVE_REPLICA_STATES, ReplicaState
 from ..devices.model import label, label_of_id
-from ..placement.model import heard_from
+from ..placement.capacity import shares_device
+from ..placement.model import CPU_CLASS, MAX_REPLICAS_PER_SHARED_DEVICE, heard_from
 from ..weights.scan import held_sources
 
 ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
@@ -48,28 +49,90 @@ def used_devices(replicas: list[dict[str, Any]]) -> set[tuple[str, int]]:
     return used
 
 
+def device_users(replicas: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """(node, device id) -> the active replicas (or parts of one) that hold it."""
+    users: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in replicas:
+        if r.get("desired", True) and r["state"] in ACTIVE:
+            for node, devs in [(r["node"], r["devices"])] + [
+                    (p["node"], p["devices"]) for p in r.get("parts") or []]:
+                for d in devs:
+                    users.setdefault((node, d), []).append(r)
+    return users
+
+
+def profiles(models: list[dict[str, Any]] | None) -> dict[str, tuple[str, float | None]]:
+    """Model name -> (profile class, profile memory_gb), from the models' stored profile."""
+    out: dict[str, tuple[str, float | None]] = {}
+    for m in models or []:
+        prof = m.get("profile") or {}
+        out[m["name"]] = (str(prof.get("class", "")), prof.get("memory_gb"))
+    return out
+
+
+def _memory_free_mb(dev: dict[str, Any], users: list[dict[str, Any]],
+                    prof: dict[str, tuple[str, float | None]]) -> tuple[bool, float]:
+    """(shared, MB another replica could still use) of a reachable healthy device, as
+    placement counts it: a free device its reported free memory; one held whole none; a
+    shared one its reported free memory less what its replicas not yet ready will take,
+    none once it runs MAX_REPLICAS_PER_SHARED_DEVICE."""
+    free = max(0.0, float(dev.get("memory_total_mb", 0)) - float(dev.get("memory_used_mb", 0)))
+    if not users:
+        return False, free
+    klass = dev["class"]
+    shared = all(shares_device(*prof.get(r["model"], (klass, None))) or klass == CPU_CLASS
+                 for r in users)
+    if not shared or len(users) >= MAX_REPLICAS_PER_SHARED_DEVICE:
+        return shared, 0.0
+    pending = sum((prof.get(r["model"], (klass, None))[1] or 0) * 1024
+                  for r in users if r["state"] != "ready")
+    return True, max(0.0, free - pending)
+
+
 def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]],
                      now: float, node_timeout_s: float,
-                     used: set[tuple[str, int]] | None = None) -> dict[str, dict[str, int]]:
-    """Per device class: total, used, free, unhealthy. An unhealthy device is neither used
-    nor free; a node that stopped reporting counts in ``unreachable``, not in free."""
-    used = used_devices(replicas) if used is None else used
+                     used: set[tuple[str, int]] | None = None,
+                     models: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Per device class: total, used, free, unhealthy devices. An unhealthy device is
+    neither used nor free; a node that stopped reporting counts in ``unreachable``, not in
+    free. A class is ``shared`` when it is the CPU class or a device of it runs replicas
+    placed by memory (profile.memory_gb, ``models`` say which): several replicas share one
+    device, so its ``memory_*`` (MB, over reachable healthy devices; ``memory_free_mb`` is
+    what more replicas could use) say how full it is, and ``replicas`` how many run there."""
+    users = device_users(replicas)
+    used = set(users) if used is None else used
+    prof = profiles(models)
     counts: dict[str, Counter[str]] = {}
+    memory: dict[str, list[float]] = {}
+    shared: set[str] = set()
     for node in nodes:
         alive = node_alive(node, now, node_timeout_s)
         for dev in node.get("devices", []):
-            c = counts.setdefault(dev["class"], Counter())
+            klass = dev["class"]
+            c = counts.setdefault(klass, Counter())
+            mem = memory.setdefault(klass, [0.0, 0.0])
             c["total"] += 1
             if not alive:
                 c["unreachable"] += 1
-            elif not dev.get("healthy", True):
+                continue
+            if not dev.get("healthy", True):
                 c["unhealthy"] += 1
-            elif (node["name"], dev["id"]) in used:
-                c["used"] += 1
-            else:
-                c["free"] += 1
-    keys = ("total", "used", "free", "unhealthy", "unreachable")
-    return {k: {key: v[key] for key in keys} for k, v in sorted(counts.items())}
+                continue
+            key = (node["name"], dev["id"])
+            on_it = users.get(key, [])
+            c["used" if key in used else "free"] += 1
+            c["replicas"] += len(on_it)
+            is_shared, free_mb = _memory_free_mb(dev, on_it, prof)
+            if is_shared or klass == CPU_CLASS:
+                shared.add(klass)
+            mem[0] += float(dev.get("memory_total_mb", 0))
+            mem[1] += free_mb
+    keys = ("total", "used", "free", "unhealthy", "unreachable", "replicas")
+    return {k: {**{key: v[key] for key in keys}, "shared": k in shared,
+                "memory_total_mb": round(memory[k][0]),
+                "memory_used_mb": round(memory[k][0] - memory[k][1]),
+                "memory_free_mb": round(memory[k][1])}
+            for k, v in sorted(counts.items())}
 
 
 def free_whole(node: dict[str, Any], used: set[tuple[str, int]]) -> bool:
@@ -167,7 +230,13 @@ def idle_replicas(replicas: list[dict[str, Any]], nodes: list[dict[str, Any]], n
     idle.sort(key=lambda e: (-e["idle_s"], e["id"]))
     unknown.sort(key=lambda e: e["id"])
     return {"after_s": idle_after_s, "replicas": idle, "unknown": unknown,
-            "cards": sum(e["cards"] for e in idle)}
+            "cards": distinct_devices(idle), "unknown_cards": distinct_devices(unknown)}
+
+
+def distinct_devices(entries: list[dict[str, Any]]) -> int:
+    """Devices held by these replicas, each counted once: replicas sharing one device (the
+    CPU, or a GPU shared by memory_gb) hold one device between them, not one each."""
+    return len({d for e in entries for d in e["devices"]})
 
 
 def _filer_group(fabric: str, node: str) -> str:
@@ -188,7 +257,7 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
         "schema": SCHEMA,
         "generated_at": now,
         "nodes": {"total": len(nodes), "reporting": alive, "silent": len(nodes) - alive},
-        "devices": devices_by_class(nodes, replicas, now, node_timeout_s, used),
+        "devices": devices_by_class(nodes, replicas, now, node_timeout_s, used, models),
         "cards_unusable": idle_cards(nodes),
         "replicas": dict(sorted(Counter(r["state"] for r in replicas).items())),
         "models": [{"name": m["name"], "state": m["state"], "ready": m["ready"],

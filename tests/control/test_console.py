@@ -283,3 +283,40 @@ def test_summary_shows_store_members_and_a_missing_leader(
     assert "db1" in table and "streaming" in table and "2.0 KB" in table
     assert "missing" in table and "its REST API does not answer" in table
     assert "2 members" in html and "no leader" in html
+
+
+def test_a_cpu_shared_by_two_replicas_shows_memory_free_and_one_idle_device(
+        fleet: Api) -> None:
+    """`llmgw up` with a second CPU model: the summary does not say the CPU is full (0 free,
+    a full bar) while more replicas still fit, and two idle replicas hold one device."""
+    fleet.report(fleet.join("cpu1"), "cpu1")            # the CPU: 16,000 MB, 1,000 used
+    with fleet.store.begin() as conn:
+        for rid in ("tiny-1", "tiny-2"):
+            repo.add_replica(conn, rid, "tiny", "cpu1", (0,), time.time() - 7200)
+            repo.update_replica(conn, rid, state="ready", port=41001,
+                                last_used=time.time() - 3600)
+    login(fleet)
+    html = fleet.client.get("/console/").get_data(as_text=True)
+    row = html.split('id="class-cpu"')[1].split("</tr>")[0]
+    cells = re.findall(r'<td class="num">([^<]*)</td>', row)
+    assert cells[:3] == ["1", "1.0 GB", "14.6 GB"], row          # used, free: memory
+    assert 'class="used" style="width: 6.25%"' in row             # not a full bar
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html))
+    assert "cpu is shared: 2 replicas on 1 device; used and free are memory" in text
+    assert "holding 1 device;" in text or "holding 1 device." in text
+
+
+def test_a_long_error_on_the_events_page_is_folded_to_its_telling_line(fleet: Api) -> None:
+    message = ("start failed: exited with 1; last log lines:\nloading model\n"
+               "error: unknown argument: --bogus\nusage: llama-server [options]")
+    with fleet.store.begin() as conn:
+        repo.add_event(conn, time.time(), "failed", "tiny", message)
+        repo.add_event(conn, time.time(), "note", "tiny", "short and plain")
+    login(fleet)
+    html = fleet.client.get("/console/events").get_data(as_text=True)
+    folded = re.search(r'<details class="fold"><summary[^>]*>([^<]*)</summary><pre>([^<]*)</pre>',
+                       html)
+    assert folded, html
+    assert folded.group(1) == "start failed: exited with 1: error: unknown argument: --bogus"
+    assert folded.group(2) == message                      # the whole text, unfolded on click
+    assert re.search(r'<td class="message">\s*short and plain\s*</td>', html)

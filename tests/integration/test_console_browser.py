@@ -5,6 +5,7 @@ to $LLMGW_TEST_ARTIFACTS (default .llmgw/test-artifacts/) for review."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,14 @@ pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 OOM = "engine exited with code 1: CUDA out of memory while loading the weights"
 MIG = "a100-80g-mig-3g.40gb"
+# A start that failed as an agent reports it: the cause in the middle of the log tail.
+LONG_ERROR = ("start failed: exited with 1; last log lines:\n"
+              + "".join(f"llama_model_loader: - kv {i:2d}: general.key_{i} str = value\n"
+                        for i in range(30))
+              + "error: unknown argument: --flash-attn-bogus\n"
+              + "usage: llama-server [options]\nsupported flags: --ctx-size, --threads\n")
+TELLING = "start failed: exited with 1: error: unknown argument: --flash-attn-bogus"
+PAGES = ("Summary", "Nodes", "Models", "Replicas", "Events")
 
 
 def report_gpu_node(cluster: Cluster, name: str = "gpu-01") -> None:
@@ -84,6 +93,7 @@ def test_log_in_see_a_parked_model_press_retry_see_it_unparked(
     try:
         with store.begin() as conn:
             repo.update_model(conn, "tiny", parked=1, consecutive_failures=5, last_error=OOM)
+            repo.add_event(conn, time.time(), "failed", "tiny", LONG_ERROR)
     finally:
         store.dispose()
     assert cluster.model("tiny")["state"] == "parked"
@@ -143,3 +153,50 @@ def test_log_in_see_a_parked_model_press_retry_see_it_unparked(
     for png in (summary_png, nodes_png, after_png):
         assert png.stat().st_size > 10_000
         print(f"console screenshot: {png}")
+
+    # On a phone (390 px): every page fits the width, every nav link can be seen and pressed.
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": False})
+    try:
+        for title in PAGES:
+            for label in PAGES:
+                link = browser.find_element(By.LINK_TEXT, label)
+                assert link.is_displayed(), f"nav link {label} hidden on {title}"
+                assert browser.execute_script(PRESSABLE, link), \
+                    f"nav link {label} is cut off or covered at 390 px on {title}"
+            browser.find_element(By.LINK_TEXT, title).click()
+            wait_for(browser, f"the {title} page", lambda d, t=title: d.title.startswith(t))
+            wide, seen = browser.execute_script(
+                "return [document.documentElement.scrollWidth, window.innerWidth]")
+            assert seen == 390 and wide <= seen, f"{title} scrolls sideways at 390 px: {wide}"
+        narrow_png = shots / "console-events-390px.png"
+        assert browser.save_screenshot(str(narrow_png))
+
+        # The long error is folded to its telling line, one line high, until opened.
+        row = browser.find_element(By.CSS_SELECTOR, "#events tr:has(details.fold)")
+        fold = row.find_element(By.CSS_SELECTOR, "details.fold")
+        summary = fold.find_element(By.TAG_NAME, "summary")
+        full = fold.find_element(By.TAG_NAME, "pre")
+        assert fold.get_attribute("open") is None and not full.is_displayed()
+        assert browser.execute_script("return arguments[0].textContent", summary) == TELLING
+        line = browser.execute_script(
+            "return parseFloat(getComputedStyle(arguments[0]).lineHeight)", summary)
+        assert summary.rect["height"] < 1.5 * line, summary.rect
+        assert row.rect["height"] < 3 * line, "the folded row is taller than a line or two"
+        summary.click()
+        wait_for(browser, "the whole error", lambda d: full.is_displayed())
+        assert "--flash-attn-bogus" in full.text and "kv 29" in full.text
+        assert row.rect["height"] > 10 * line           # now the whole text shows
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+# True when the element's centre is inside the window and the element (not something over
+# it) is what a tap there would hit.
+PRESSABLE = """
+const r = arguments[0].getBoundingClientRect();
+const x = r.left + r.width / 2, y = r.top + r.height / 2;
+if (r.width === 0 || r.left < 0 || r.right > window.innerWidth || y < 0) return false;
+const hit = document.elementFromPoint(x, y);
+return hit === arguments[0] || arguments[0].contains(hit);
+"""

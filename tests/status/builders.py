@@ -19,6 +19,13 @@ def mig(card: int, instance: int, klass: str = "a100-80g-mig-3g.40gb") -> dict[s
             "class": klass, "memory_total_mb": 40960, "memory_used_mb": 0, "healthy": True}
 
 
+def cpu(total_gb: float = 32, used_gb: float = 8) -> dict[str, Any]:
+    """The CPU as the agent reports it with --devices cpu: one device, the node's memory."""
+    return {"id": 0, "card": 0, "mig": None, "class": "cpu",
+            "memory_total_mb": int(total_gb * 1024), "memory_used_mb": int(used_gb * 1024),
+            "healthy": True, "reason": None}
+
+
 def node(name: str, *devices: dict[str, Any], fabric: str | None = None,
          age: float | None = 1.0, weights: dict[str, Any] | None = None,
          hardware: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -41,8 +48,10 @@ def replica(id_: str, model: str, node_: str, devices: list[int], state: str = "
 
 def model(name: str, state: str = "ready", ready: int = 1, wanted: int = 1,
           reason: str | None = None, on_demand: bool = False, failures: int = 0,
-          last_error: str | None = None, source: str | None = None) -> dict[str, Any]:
+          last_error: str | None = None, source: str | None = None,
+          klass: str = "a100-80g", memory_gb: float | None = None) -> dict[str, Any]:
     return {"name": name, "source": source or f"hf://org/{name}", "state": state,
+            "profile": {"class": klass, "gpus": 1, "memory_gb": memory_gb},
             "ready": ready, "wanted": wanted, "reason": reason, "on_demand": on_demand,
             "parked": state == "parked", "consecutive_failures": failures,
             "last_error": last_error}

@@ -120,3 +120,22 @@ def test_names_and_messages_with_escape_sequences_are_shown_escaped() -> None:
         assert "boom\\x1b[2J\\x07\\x9b31m" in plain    # the last line of the error
         assert "carve\\x0d" in plain
     assert all(len(line) <= 200 for line in render(data, 200).splitlines())
+
+
+def test_a_shared_cpu_shows_memory_used_and_free_and_idle_counts_it_once() -> None:
+    """Two demo replicas on one CPU (as `llmgw up` with a second model): the capacity row
+    is not "FREE 0, 100%" while more replicas still fit, and the idle line says one device."""
+    from tests.status.builders import cpu, model, node, replica
+
+    models = [model("smol", klass="cpu", memory_gb=1), model("tiny", klass="cpu")]
+    reps = [replica("a", "smol", "cpu-01", [0], last_used_ago=3600),
+            replica("b", "tiny", "cpu-01", [0], last_used_ago=7200)]
+    text = render(summary.build(models, [node("cpu-01", cpu(32, 8))], reps, NOW,
+                                idle_after_s=900), 120)
+    [row] = [line for line in text.splitlines() if line.startswith("  cpu*")]
+    cols = row.split()
+    assert cols[:4] == ["cpu*", "1", "8.0", "GB"] and cols[4:6] == ["24.0", "GB"], row
+    assert "25%" in cols and "100%" not in row
+    assert "* cpu: 2 replicas share 1 device; USED and FREE are memory (docs/operations.md, " \
+           "Sharing a device)" in text
+    assert "idle: 2 replicas holding 1 device, unused for 15m" in text

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from llmgw_runtime.status import summary
-from tests.status.builders import NOW, gpu, mig, model, node, replica, small_fleet
+from tests.status.builders import NOW, cpu, gpu, mig, model, node, replica, small_fleet
 
 SCHEMA = json.loads(resources.files("llmgw_runtime.status")
                     .joinpath("status.schema.json").read_text())
@@ -23,10 +23,85 @@ def build(**kwargs: object) -> dict:
 
 def test_capacity_by_class_counts_unhealthy_as_neither_used_nor_free() -> None:
     s = build()
-    assert s["devices"]["a100-80g"] == {"total": 10, "used": 4, "free": 3, "unhealthy": 1,
-                                        "unreachable": 2}
-    assert s["devices"]["a100-80g-mig-3g.40gb"] == {"total": 2, "used": 1, "free": 1,
-                                                    "unhealthy": 0, "unreachable": 0}
+    counts = ("total", "used", "free", "unhealthy", "unreachable")
+    assert {k: s["devices"]["a100-80g"][k] for k in counts} == {
+        "total": 10, "used": 4, "free": 3, "unhealthy": 1, "unreachable": 2}
+    assert {k: s["devices"]["a100-80g-mig-3g.40gb"][k] for k in counts} == {
+        "total": 2, "used": 1, "free": 1, "unhealthy": 0, "unreachable": 0}
+    # whole cards: nothing shared, memory free only on the free cards (3 x 80 GB)
+    assert not s["devices"]["a100-80g"]["shared"]
+    assert s["devices"]["a100-80g"]["memory_free_mb"] == 3 * 81920
+
+
+def cpu_fleet(*reps: dict, used_gb: float = 8) -> dict:
+    """One node with --devices cpu (32 GB, ``used_gb`` in use) running ``reps`` of a CPU
+    model that declares 1 GB and one that declares nothing."""
+    models = [model("smol", klass="cpu", memory_gb=1), model("tiny", klass="cpu")]
+    return summary.build(models, [node("cpu-01", cpu(32, used_gb))], list(reps), NOW,
+                         idle_after_s=900)
+
+
+def test_a_cpu_running_two_replicas_shows_its_free_memory_not_zero_free_devices() -> None:
+    s = cpu_fleet(replica("a", "smol", "cpu-01", [0]), replica("b", "tiny", "cpu-01", [0]))
+    c = s["devices"]["cpu"]
+    assert c["shared"] and c["replicas"] == 2
+    assert (c["used"], c["free"]) == (1, 0)           # one device, held
+    assert c["memory_free_mb"] == 24 * 1024          # but 24 GB is still there for more
+    assert c["memory_used_mb"] == 8 * 1024 and c["memory_total_mb"] == 32 * 1024
+
+
+def test_shared_memory_free_counts_what_starting_replicas_will_take_like_placement() -> None:
+    s = cpu_fleet(replica("a", "smol", "cpu-01", [0], state="starting"),
+                  replica("b", "smol", "cpu-01", [0], state="pending"))
+    # not ready yet: their 1 GB each is not in the reported memory, so it is set aside
+    assert s["devices"]["cpu"]["memory_free_mb"] == 22 * 1024
+
+
+def test_a_shared_device_at_its_replica_limit_has_no_memory_free() -> None:
+    reps = [replica(f"r{i}", "tiny", "cpu-01", [0]) for i in range(16)]
+    assert cpu_fleet(*reps)["devices"]["cpu"]["memory_free_mb"] == 0
+    assert cpu_fleet(*reps[:15])["devices"]["cpu"]["memory_free_mb"] == 24 * 1024
+
+
+def test_a_gpu_shared_by_memory_gb_is_shared_and_a_card_held_whole_has_no_memory_free() -> None:
+    models = [model("small", memory_gb=20), model("whole")]
+    nodes = [node("g", gpu(0), gpu(1), gpu(2))]
+    reps = [replica("s1", "small", "g", [0]), replica("s2", "small", "g", [0]),
+            replica("w", "whole", "g", [1])]
+    c = summary.build(models, nodes, reps, NOW)["devices"]["a100-80g"]
+    assert c["shared"] and c["replicas"] == 3 and (c["used"], c["free"]) == (2, 1)
+    assert c["memory_free_mb"] == 2 * 81920          # card 0 (shared) and card 2 (free)
+    # Without the models (what holds card 0 is unknown) card 0 is held whole, like placement
+    c = summary.build([], nodes, reps, NOW)["devices"]["a100-80g"]
+    assert not c["shared"] and c["memory_free_mb"] == 81920
+
+
+def test_the_memory_free_is_what_placement_would_place_by() -> None:
+    """The summary and the planner agree: a model of memory_gb just under the CPU's free
+    memory is placed there, one just over it is not."""
+    from llmgw_runtime.placement import place
+    from tests.placement import builders as pb
+
+    reps = (replica("a", "smol", "cpu-01", [0], state="starting"),)
+    free_gb = cpu_fleet(*reps)["devices"]["cpu"]["memory_free_mb"] / 1024
+    assert free_gb == 23
+    view = pb.node("cpu-01", pb.gpu(0, "cpu", total_gb=32, used_gb=8), age=1.0)
+    existing = (pb.rep("a", "smol", "cpu-01", (0,), state="starting"),)
+    for need, fits in ((free_gb - 0.5, True), (free_gb + 0.5, False)):
+        snap = pb.Snapshot(models=(pb.ModelView(pb.spec("smol", "cpu", memory=1), wanted=1),
+                                   pb.want(1, name="next", klass="cpu", memory=need)),
+                           nodes=(view,), replicas=existing, now=pb.NOW)
+        plan = place(snap)
+        assert bool(plan.starts) is fits, (need, plan)
+
+
+def test_idle_replicas_sharing_one_device_hold_one_device_not_one_each() -> None:
+    s = cpu_fleet(replica("a", "smol", "cpu-01", [0], last_used_ago=3600),
+                  replica("b", "tiny", "cpu-01", [0], last_used_ago=7200),
+                  replica("c", "tiny", "cpu-01", [0]), replica("d", "smol", "cpu-01", [0]))
+    assert [r["id"] for r in s["idle"]["replicas"]] == ["b", "a"]
+    assert s["idle"]["cards"] == 1 and s["idle"]["unknown_cards"] == 1
+    jsonschema.validate(json.loads(json.dumps(s)), SCHEMA)
 
 
 def test_free_whole_nodes_per_fabric_decide_multi_node_replicas() -> None:
