@@ -47,7 +47,8 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     app.config["MAX_CONTENT_LENGTH"] = 8 * 1024 * 1024
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["llmgw.store"] = store_ or Store(config.store_url)
-    app.extensions["llmgw.store_health"] = StoreHealth(config.store_members_urls)
+    app.extensions["llmgw.store_health"] = StoreHealth(config.store_members_urls,
+                                                       etcd=config.store_etcd_urls)
     install_error_handlers(app)
     agent_api.install(app)
     for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, status_api.bp, console.bp):

@@ -48,6 +48,9 @@ class ControlConfig:
     # members' health in ctl status and /metrics; default: port 8008 of each host of a
     # multi-host database_url.
     patroni_urls: str = ""
+    # Its etcd voters' client URLs (http://db1:2379,...,http://127.0.0.1:2379; server
+    # init writes them), for each voter's health in ctl status and /metrics.
+    etcd_urls: str = ""
     tls_cert: str = ""                  # serve HTTPS with this certificate and key
     tls_key: str = ""
     ca_file: str = ""                   # the cluster CA: its expiry is a metric
@@ -133,6 +136,12 @@ class ControlConfig:
         from ..store.members import patroni_urls
 
         return patroni_urls(self.patroni_urls, self.store_url)
+
+    @property
+    def store_etcd_urls(self) -> list[str]:
+        from ..store.members import etcd_urls
+
+        return etcd_urls(self.etcd_urls)
 
     @property
     def instance(self) -> str:

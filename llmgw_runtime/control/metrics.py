@@ -112,6 +112,7 @@ class ControlCollector(Collector):
         yield leader
         yield from self._certificates(now)
         yield from self._store_members()
+        yield from self._etcd_voters()
 
     def _models(self, models: list[Any], replicas: list[Any], now: float) -> Iterator[Metric]:
         by_model: dict[str, list[Any]] = defaultdict(list)
@@ -203,6 +204,20 @@ class ControlCollector(Collector):
             if m["lag_bytes"] is not None and not m["missing"]:
                 lag.add_metric([m["name"]], m["lag_bytes"])
         yield from (up, leader, lag)
+
+    def _etcd_voters(self) -> Iterator[Metric]:
+        """Each etcd voter of a replicated store: healthy by etcd's own /health (a voter
+        that never started, or stopped answering, is 0)."""
+        voters = self._store_health.voters() if self._store_health else None
+        if voters is None:
+            return
+        healthy = GaugeMetricFamily("llmgw_store_etcd_member_healthy", "1 when the store's "
+                                    "etcd voter answers healthy on its client URL (0: "
+                                    "unhealthy, not answering or never started)",
+                                    labels=["member"])
+        for v in voters:
+            healthy.add_metric([v["name"]], 1 if v["healthy"] else 0)
+        yield healthy
 
     def _certificates(self, now: float) -> Iterator[Metric]:
         paths = [p for p in (self._config.tls_cert, self._config.ca_file) if p]

@@ -41,9 +41,11 @@ def fleet_settings() -> Settings:
 
 
 def store_health() -> dict[str, Any]:
-    """The store's backend and, for a replicated one, its members (Patroni's REST API)."""
+    """The store's backend and, for a replicated one, its members (Patroni's REST API)
+    and its etcd voters (etcd's own health)."""
     health = current_app.extensions["llmgw.store_health"]
-    return {"backend": store().dialect, "members": health.members()}
+    return {"backend": store().dialect, "members": health.members(),
+            "voters": health.voters()}
 
 
 def error_response(status: int, reason: str, message: str,

@@ -11,12 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw_runtime.cli.main import cli
-from llmgw_runtime.cli.server_init import current_store
 from llmgw_runtime.errors import ConfigError, LlmgwError
-from llmgw_runtime.store import patroni
 from llmgw_runtime.store.db import redact_url
-from llmgw_runtime.store.playbook import Progress, failure_report, run_playbook
-from llmgw_runtime.store.switch import (
+from llmgw_runtime.storeops import patroni
+from llmgw_runtime.storeops.init import current_store
+from llmgw_runtime.storeops.progress import Plan, Progress, failure_report
+from llmgw_runtime.storeops.runner import run_playbook
+from llmgw_runtime.storeops.switch import (
     Systemd,
     parse_env,
     set_env,
@@ -151,8 +152,9 @@ def ev(kind: str, **data: Any) -> dict[str, Any]:
 
 
 def test_one_line_per_step_from_runner_events() -> None:
-    progress = Progress(listed=["patroni : Install Patroni", "patroni : Start Patroni",
-                                "Extra"], secrets=["hunter22"])
+    plan = Plan((("store | patroni", ("patroni : Install Patroni", "patroni : Start Patroni",
+                                      "Extra")),))
+    progress = Progress(plan, secrets=["hunter22"])
     events = [
         ev("playbook_on_start"), ev("playbook_on_play_start", play="store | patroni"),
         ev("playbook_on_task_start", task="Install Patroni", role="patroni"),
@@ -173,8 +175,8 @@ def test_one_line_per_step_from_runner_events() -> None:
     assert lines == [
         "[1/3] patroni : Install Patroni  store2 changed, store1 ok",
         "[2/3] patroni : Start Patroni  store1 FAILED, store2 skipped",
-        "[3/4] etcd : Restart etcd  store2 UNREACHABLE",
-        "[4/4] Extra  no hosts",
+        "[+] etcd : Restart etcd  store2 UNREACHABLE",
+        "[3/3] Extra  no hosts",
     ]
     out = progress.outcome
     assert not out.ok and out.steps == 4 and out.changed_total == 1
@@ -221,11 +223,12 @@ def test_a_real_run_prints_a_line_per_step_and_reports_the_failing_host() -> Non
                            {"fail_here": "s2", "leak": " (pw=Sekr1t)"}, lines.append,
                            secrets=["Sekr1t"])
     assert lines == [
-        "[1/5] Look around  s1 ok, s2 ok, witness ok",
-        "[2/5] Change something  s1 changed, s2 changed, witness changed",
-        "[3/5] Skip on every host  s1 skipped, s2 skipped, witness skipped",
-        "[4/5] Break on purpose  s2 FAILED, s1 skipped, witness skipped",
-        "[5/5] After the failure  s1 ok, witness ok",
+        "[1/6] Look around  s1 ok, s2 ok, witness ok",
+        "[2/6] Change something  s1 changed, s2 changed, witness changed",
+        "[3/6] Change something quietly  s1 changed, s2 changed, witness changed",
+        "[4/6] Skip on every host  s1 skipped, s2 skipped, witness skipped",
+        "[5/6] Break on purpose  s2 FAILED, s1 skipped, witness skipped",
+        "[6/6] After the failure  s1 ok, witness ok",
     ]
     assert not outcome.ok
     assert [(f.host, f.task) for f in outcome.failures] == [("s2", "Break on purpose")]

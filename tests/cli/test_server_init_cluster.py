@@ -20,15 +20,16 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from llmgw_runtime.cli.main import cli
-from llmgw_runtime.cli.server_init import current_store, run_init
 from llmgw_runtime.errors import LlmgwError
-from llmgw_runtime.store import Store, patroni, repo
+from llmgw_runtime.store import Store, repo
 from llmgw_runtime.store.schema import metadata
-from llmgw_runtime.store.switch import (
+from llmgw_runtime.storeops import patroni
+from llmgw_runtime.storeops.init import current_store, run_init
+from llmgw_runtime.storeops.switch import (
     ServiceControl,
     parse_env,
 )
-from tests.store.test_move import populate
+from tests.storeops.test_move import populate
 from tests.support.patroni_cluster import PatroniCluster
 from tests.support.procs import free_port, wait_until
 
@@ -111,10 +112,11 @@ def site(tmp_path: Path) -> dict[str, Any]:
     store.dispose()
     env = tmp_path / "etc" / "control.env"
     env.parent.mkdir()
-    env.write_text(f"# Ansible managed\nLLMGW_HOST=0.0.0.0\nLLMGW_STATE_DIR={state}\n"
-                   "LLMGW_DATABASE_URL=\nLLMGW_ADMIN_TOKEN=admintok\n")
+    text = (f"# Ansible managed\nLLMGW_HOST=0.0.0.0\nLLMGW_STATE_DIR={state}\n"
+            f"LLMGW_DATABASE_URL=sqlite:///{state}/llmgw.db\nLLMGW_ADMIN_TOKEN=admintok\n")
+    env.write_text(text)
     env.chmod(0o640)
-    return {"state": state, "env": env, "db": state / "llmgw.db"}
+    return {"state": state, "env": env, "db": state / "llmgw.db", "env_text": text}
 
 
 def init(site: dict[str, Any], target: ClusterStore, database: str,
@@ -167,12 +169,19 @@ def test_init_moves_the_store_into_the_cluster_and_a_rerun_changes_nothing(
     old.dispose()
     assert pg_counts(cluster_store, database) == sqlite_counts
     env_text = site["env"].read_text()
-    url = parse_env(env_text)["LLMGW_DATABASE_URL"]
+    store_env = site["env"].with_name("store.env")
+    stored = parse_env(store_env.read_text())
+    url = stored["LLMGW_DATABASE_URL"]
     assert url == (f"postgresql://llmgw:{passwords['llmgw_store_password']}@"
                    f"{cluster_store.cluster.hosts()}/{database}"
                    "?target_session_attrs=read-write&connect_timeout=3")
-    assert "LLMGW_ADMIN_TOKEN=admintok" in env_text and env_text.startswith("# Ansible")
-    assert oct(site["env"].stat().st_mode & 0o777) == "0o640"
+    # The role's env file is not touched: the URL has one owner, store.env (docs/store.md).
+    assert env_text == site["env_text"] and oct(site["env"].stat().st_mode & 0o777) == "0o640"
+    assert oct(store_env.stat().st_mode & 0o777) == "0o600"
+    assert stored["LLMGW_PATRONI_URLS"] == f"http://127.0.0.1:{cluster_store.rest_port}," \
+                                           f"http://localhost:{cluster_store.rest_port}"
+    assert stored["LLMGW_ETCD_URLS"].endswith(",http://127.0.0.1:2379")
+    assert f"{store_env}: LLMGW_DATABASE_URL now points at the cluster" in out
     assert "now restart the control service" in out
     new = Store(url)
     with new.begin() as conn:
@@ -184,8 +193,19 @@ def test_init_moves_the_store_into_the_cluster_and_a_rerun_changes_nothing(
     assert "store already in the cluster" in again and "nothing copied" in again
     assert "playbook done: 2 steps, nothing changed" in again
     assert site["env"].read_text() == env_text
+    assert parse_env(store_env.read_text()) == stored
+    assert f"nothing to do: {store_env} holds the cluster URL" in again
     assert sorted(site["state"].glob("llmgw.db.before-patroni-*")) == backups
     assert not any(p in again for p in passwords.values())
+
+    # An init by an older llmgw left the URL in the role's env file and no store.env: a
+    # re-run moves it to store.env, so the role's next run keeps the cluster.
+    store_env.unlink()
+    site["env"].write_text(env_text.replace(f"sqlite:///{site['state']}/llmgw.db", url))
+    code, upgraded = init(site, cluster_store, database)
+    assert code == 0, upgraded
+    assert "store already in the cluster" in upgraded
+    assert parse_env(store_env.read_text())["LLMGW_DATABASE_URL"] == url
 
 
 def test_a_cluster_holding_other_rows_is_refused_and_the_env_file_is_untouched(
@@ -204,6 +224,7 @@ def test_a_cluster_holding_other_rows_is_refused_and_the_env_file_is_untouched(
     assert "Empty the cluster database or find out who wrote to it" in out
     assert "re-run `llmgw server init --patroni me@127.0.0.1 me@localhost`" in out
     assert site["env"].read_bytes() == before
+    assert not site["env"].with_name("store.env").exists()
     assert pg_counts(cluster_store, database)["events"] == 1
 
 
@@ -215,6 +236,7 @@ def test_an_unreachable_cluster_stops_before_anything_moves(
     assert "cannot be reached" in out and "postgresql://llmgw:***@127.0.0.1:" in out
     assert "nothing was moved: the store in use is unchanged" in out
     assert site["env"].read_bytes() == before
+    assert not site["env"].with_name("store.env").exists()
     assert not list(site["state"].glob("llmgw.db.before-patroni-*"))
 
 
@@ -228,6 +250,7 @@ def test_a_failing_playbook_names_host_task_and_message_and_moves_nothing(
            "'postgresql-15' is available" in out
     assert "Nothing was moved: the store in use is unchanged" in out
     assert site["env"].read_bytes() == before
+    assert not site["env"].with_name("store.env").exists()
     assert not list(site["state"].glob("llmgw.db.before-patroni-*"))
 
 
@@ -264,7 +287,8 @@ def test_an_active_service_is_stopped_for_the_copy_and_started_again_either_way(
         current=current_store(None, None, parse_env(site["env"].read_text()), Path("x")),
         env_path=site["env"], playbooks=FIXTURES, connection="local",
         settings=patroni.StoreSettings(database=database, rest_port=cluster_store.rest_port),
-        url_hosts=cluster_store.cluster.hosts(), wait_s=10.0, svc=svc)
+        url_hosts=cluster_store.cluster.hosts(), wait_s=10.0, svc=svc,
+        echo=lambda _: None, step=lambda _: None)
     with pytest.raises(LlmgwError) as err:
         run_init(("me@127.0.0.1", "me@localhost"), **args)
     assert "llmgw-control was started again on it" in str(err.value)
@@ -276,4 +300,6 @@ def test_an_active_service_is_stopped_for_the_copy_and_started_again_either_way(
     svc.calls.clear()
     run_init(("me@127.0.0.1", "me@localhost"), **args)
     assert svc.calls == ["stop", "start"]
-    assert parse_env(site["env"].read_text())["LLMGW_DATABASE_URL"].startswith("postgresql://")
+    assert site["env"].read_bytes() == env_before
+    assert parse_env(site["env"].with_name("store.env").read_text())[
+        "LLMGW_DATABASE_URL"].startswith("postgresql://")

@@ -4,6 +4,7 @@ the playbook runs with strict host key checking: against a real OpenSSH server
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
 import subprocess
@@ -15,15 +16,16 @@ import pytest
 from click.testing import CliRunner, Result
 
 from llmgw_runtime.cli.main import cli
-from llmgw_runtime.store import patroni
-from llmgw_runtime.store.playbook import (
+from llmgw_runtime.storeops import patroni
+from llmgw_runtime.storeops.runner import run_playbook
+from llmgw_runtime.storeops.ssh import (
     SshTrust,
     SshView,
     check_host_keys,
+    check_hosts,
     host_text,
     judge_ssh,
     known_name,
-    run_playbook,
     ssh_view,
 )
 from tests.support.sshd import Sshd, keygen, sshd  # noqa: F401 - sshd is a fixture
@@ -38,7 +40,7 @@ MARKING_PLAYBOOK = """---
   gather_facts: false
   tasks:
     - name: Mark
-      ansible.builtin.raw: touch MARK
+      ansible.builtin.raw: echo "{{ inventory_hostname }} {{ llmgw_store_control_address | default('none') }}" >> MARK
       changed_when: true
 """
 
@@ -169,12 +171,22 @@ def test_the_right_keys_pass_the_check_and_the_playbook_runs_over_ssh(
     known = sshd.known_hosts(tmp_path / "known_hosts")
     result = _init(tmp_path, sshd, known)
     out = result.output
-    assert "ssh host keys: every store host's key is the one known_hosts holds " \
-           "(127.0.0.1, 127.0.0.2)" in out
+    assert "ssh: every store host's key is the one known_hosts holds, python3 and sudo " \
+           "are there (127.0.0.1, 127.0.0.2)" in out
+    # Each store host's pg_hba admits the address it saw this host's ssh come from.
+    seen = check_hosts(_store_hosts(sshd),
+                       SshTrust(known, sshd.client_key)).client_addresses()
+    assert set(seen) == {"127.0.0.1", "127.0.0.2"}
+    assert all(ipaddress.ip_address(a).is_loopback for a in seen.values())
+    assert "the store hosts see this host at " + ", ".join(
+        f"{a} ({h})" for h, a in seen.items()) + ": pg_hba admits it" in out
     assert re.search(r"\[1/1\] Mark  127\.0\.0\.1 changed, 127\.0\.0\.2 changed, \S+ "
                      r"changed", out), out
     assert result.exit_code == 1 and "not healthy after the playbook" in out
-    assert env.read_text() == ENV_TEXT and (tmp_path / "mark").exists()
+    assert env.read_text() == ENV_TEXT
+    marks = sorted(m for m in (tmp_path / "mark").read_text().splitlines()
+                   if m.startswith("127."))            # the store hosts, not the witness
+    assert marks == sorted(f"{h} {a}" for h, a in seen.items())
 
 
 def test_the_check_itself_against_the_real_server(tmp_path: Path, sshd: Sshd,  # noqa: F811

@@ -27,8 +27,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import LlmgwError, StoreError
-from .db import Store, bump, redact_url
-from .schema import metadata
+from ..store.db import Store, bump, redact_url
+from ..store.schema import metadata
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import sqlalchemy as sa
 
 from llmgw_runtime import catalog
 from llmgw_runtime.store import Store, repo
-from llmgw_runtime.store.move import (
+from llmgw_runtime.store.schema import events
+from llmgw_runtime.storeops.move import (
     TABLES,
     Decision,
     MoveError,
@@ -25,7 +26,6 @@ from llmgw_runtime.store.move import (
     move,
     snapshot,
 )
-from llmgw_runtime.store.schema import events
 from tests.support.postgres import PostgresServer
 from tests.support.procs import free_port
 

@@ -1,8 +1,13 @@
-"""Pointing the control service at another store: its env file and its service.
+"""Pointing the control service at another store: its store env file and its service.
 
-The env file (``/etc/llmgw/control.env``, written by the llmgw_control role) is read and
-rewritten by pure functions that keep every other line; :func:`write_env_file` replaces it
-atomically, keeping its owner and never widening its mode. The service is behind
+The database URL has one owner per install. The llmgw_control role writes
+``/etc/llmgw/control.env`` (its template, every setting); ``server init`` writes
+``/etc/llmgw/store.env`` next to it (the URL of the cluster and where its members answer),
+a file the role never templates. The unit reads store.env after control.env
+(``EnvironmentFile=-``), so its values win, and the role reads it from the host for its own
+checks: a later ``site.yml`` run keeps the cluster. Env files are read and rewritten by
+pure functions that keep every other line; :func:`write_env_file` replaces one atomically,
+keeping its owner and never widening its mode. The service is behind
 :class:`ServiceControl`: systemd when there is one, :class:`NoServiceManager` otherwise."""
 
 from __future__ import annotations
@@ -15,7 +20,26 @@ from pathlib import Path
 from ..errors import LlmgwError
 
 DATABASE_KEY = "LLMGW_DATABASE_URL"
+PATRONI_KEY = "LLMGW_PATRONI_URLS"
+ETCD_KEY = "LLMGW_ETCD_URLS"
+STORE_ENV = "store.env"
 UNIT = "llmgw-control"
+STORE_ENV_HEADER = ("# Written by `llmgw server init`: the control service's store. The\n"
+                    "# llmgw_control role never templates this file; llmgw-control.service\n"
+                    "# reads it after control.env, so these values win. docs/store.md\n")
+
+
+def store_env_path(env_file: Path) -> Path:
+    """``store.env`` next to the control service's env file."""
+    return env_file.with_name(STORE_ENV)
+
+
+def store_env_text(current: str, values: dict[str, str]) -> str:
+    """The store env file with ``values`` set, every other line kept (pure)."""
+    text = current if current.strip() else STORE_ENV_HEADER
+    for key, value in values.items():
+        text = set_env(text, key, value)
+    return text
 
 
 class SwitchError(LlmgwError):

@@ -6,17 +6,19 @@ function of its arguments."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from ..errors import ConfigError
-from .members import get_json, rest_url
+from ..store.members import get_json, rest_url
 
 STORE_GROUP = "llmgw_store"
 WITNESS_GROUP = "llmgw_store_witness"
@@ -128,28 +130,81 @@ def voter_problem(store_hosts: int) -> str | None:
     return None
 
 
-def inventory(hosts: list[StoreHost], control_name: str,
-              connection: str = "ssh") -> dict[str, Any]:
+def inventory(hosts: list[StoreHost], control_name: str, connection: str = "ssh",
+              seen_at: dict[str, str] | None = None,
+              witness_address: str | None = None) -> dict[str, Any]:
     """The Ansible inventory (ansible-runner's dict form): the store hosts in
-    ``llmgw_store``, this control host in ``llmgw_store_witness`` (local)."""
+    ``llmgw_store``, this control host in ``llmgw_store_witness`` (local).
+
+    ``seen_at``: store host -> the address this control host connects from, as that host
+    sees it (its ssh connection): its pg_hba admits that address
+    (``llmgw_store_control_address``). ``witness_address``: this host's etcd address when
+    the store hosts reach it at one of its own addresses."""
     store: dict[str, Any] = {}
     for h in hosts:
         hv: dict[str, Any] = {"ansible_host": h.host, "ansible_user": h.user,
                               "ansible_connection": connection}
+        if seen_at and seen_at.get(h.name):
+            hv["llmgw_store_control_address"] = seen_at[h.name]
         if h.ssh_port is not None:
             hv["ansible_port"] = h.ssh_port
         if connection == "local":
             hv.update(LOCAL)
         store[h.name] = hv
+    witness: dict[str, Any] = {"ansible_connection": "local", **LOCAL}
+    if witness_address:
+        witness["llmgw_store_address"] = witness_address
     return {"all": {"children": {
         STORE_GROUP: {"hosts": store},
-        WITNESS_GROUP: {"hosts": {control_name: {"ansible_connection": "local", **LOCAL}}},
+        WITNESS_GROUP: {"hosts": {control_name: witness}},
     }}}
 
 
-def extravars(settings: StoreSettings, passwords: dict[str, str]) -> dict[str, Any]:
+def pick_witness_address(seen_at: dict[str, str],
+                         is_local: Callable[[str], bool]) -> str | None:
+    """The address the store hosts all see this control host at, when it is one IPv4
+    address of this host (etcd's peers reach the witness there); else None (the etcd
+    role's default: the host's default IPv4 address)."""
+    seen = set(seen_at.values())
+    if len(seen) != 1:
+        return None
+    address = seen.pop()
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    if ip.version != 4 or ip.is_loopback or not is_local(address):
+        return None
+    return address
+
+
+def parse_networks(texts: list[str] | tuple[str, ...]) -> list[str]:
+    """``--allow`` networks, strictly: ``10.1.2.0/24`` or ``fd00::/64`` (an address alone
+    is a /32 or /128); refused, every one at once: a malformed one, host bits set, /0."""
+    problems = []
+    out: list[str] = []
+    for text in texts:
+        try:
+            net = ipaddress.ip_network(text.strip(), strict=True)
+        except ValueError as exc:
+            problems.append(f"--allow {text!r}: {exc}; give a network such as 10.1.2.0/24 "
+                            "(its address with the host bits zero) or one address")
+            continue
+        if net.prefixlen == 0:
+            problems.append(f"--allow {text!r} admits every address: give the network the "
+                            "control hosts and operators connect from")
+            continue
+        if str(net) not in out:
+            out.append(str(net))
+    if problems:
+        raise ConfigError("cannot admit these networks to the store", details=problems)
+    return out
+
+
+def extravars(settings: StoreSettings, passwords: dict[str, str],
+              allowed: list[str] | None = None) -> dict[str, Any]:
     """The playbook's variables (the passwords among them: never print this)."""
-    return {**passwords,
+    return {**passwords, "llmgw_store_allowed_cidrs": list(allowed or []),
             "llmgw_store_user": settings.user, "llmgw_store_database": settings.database,
             "llmgw_store_port": settings.port, "llmgw_patroni_rest_port": settings.rest_port,
             "llmgw_etcd_client_port": settings.etcd_port, "llmgw_store_scope": settings.scope}
