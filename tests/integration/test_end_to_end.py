@@ -44,9 +44,12 @@ def test_openai_client_through_the_router_on_both_stores(cluster_factory: Any,
                                            extra_body={"ignore_eos": True})
     assert completion.usage is not None and completion.usage.completion_tokens == 12
 
+    # Greedy, so the same tokens every run: the tiny model's random tokens are often bytes
+    # of one UTF-8 character, which the engine sends together in one chunk.
     chunks = list(client.completions.create(model="tiny", prompt="Once", max_tokens=10,
-                                            stream=True, extra_body={"ignore_eos": True}))
-    assert len([ch for ch in chunks if ch.choices and ch.choices[0].text]) >= 5
+                                            temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    assert len([ch for ch in chunks if ch.choices and ch.choices[0].text]) >= 3
     streamed_chat = list(chat(client, stream=True))
     assert streamed_chat[-1].choices[0].finish_reason in ("stop", "length")
 

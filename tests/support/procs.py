@@ -77,16 +77,18 @@ class LlmgwProcess:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
 
-    def stop(self, timeout: float = 20) -> None:
-        terminate(self.proc, timeout)
+    def stop(self, timeout: float = 20, signalled: bool = False) -> None:
+        """SIGTERM (unless ``signalled`` already) and wait; SIGKILL after ``timeout``."""
+        terminate(self.proc, timeout, signalled)
         self._fh.close()
 
 
-def terminate(proc: subprocess.Popen[Any], timeout: float) -> None:
+def terminate(proc: subprocess.Popen[Any], timeout: float, signalled: bool = False) -> None:
     """SIGTERM a process started in its own session; SIGKILL its group after ``timeout``."""
     if proc.poll() is not None:
         return
-    proc.send_signal(signal.SIGTERM)
+    if not signalled:
+        proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
