@@ -1,0 +1,295 @@
+"""Engine-slot admission: never more requests at a replica than it has slots, the rest
+waiting in a bounded queue per model that is fair across API keys.
+
+The core decides; a thin shell waits. :class:`Admission` keeps no clock (every call gets
+``now``), never blocks and never yields, so under gevent each call is atomic; from real
+threads, call it under one lock. A request either gets a replica at once
+(:class:`Admitted`), a :class:`Ticket` to wait on (:class:`Queued`), or a refusal with a
+reason and a Retry-After estimate (:class:`Rejected`). A waiting ticket is decided later by
+:meth:`~Admission.release` (a slot freed), :meth:`~Admission.update` (replicas or slots
+changed), :meth:`~Admission.expire` (``max_wait_s`` passed) or :meth:`~Admission.cancel`;
+each such call returns the tickets it decided and passes each to ``on_decided``, where the
+shell wakes whatever it waits on (a gevent Event it hung on ``ticket.waiter``, say).
+
+Order of service: a higher priority class first (``high``, ``normal``, ``low``; strict, so
+a lower class waits while a higher one has tickets, up to ``max_wait_s``); within a class,
+round-robin over API keys (each request costs one turn: deficit round robin with equal
+costs), so a key that queued 20 requests cannot hold back a key that queued 2; within a
+key, first come first served. A freed slot goes to the next ticket; when several replicas
+have free slots, the ticket's prefix key picks one (:func:`.affinity.choose`).
+
+In-flight counts are per replica and outlive membership: a replica removed and listed
+again keeps the count of what it still serves, and slots that shrink below the in-flight
+count admit nothing there until it drains.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .affinity import choose
+
+Priority = Literal["high", "normal", "low"]
+Reason = Literal["queue_full", "timeout", "no_replicas"]
+PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
+SERVICE_S_GUESS = 2.0     # a request's service time before any was measured
+SERVICE_ALPHA = 0.2       # weight of the newest service time in the moving average
+RETRY_AFTER_MAX_S = 60
+
+
+@dataclass(frozen=True)
+class Admitted:
+    replica: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: Reason
+    retry_after_s: int      # whole seconds, at least 1: for the Retry-After header
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A request waiting for a slot. ``outcome`` is None while it waits, then what was
+    decided; ``waiter`` is the shell's (the core never reads it)."""
+    id: int
+    model: str
+    key_id: str
+    priority: Priority
+    prefix: bytes | None
+    enqueued_at: float
+    deadline: float
+    outcome: Admitted | Rejected | None = None
+    cancelled: bool = False
+    waiter: Any = None
+
+
+@dataclass(frozen=True)
+class Queued:
+    ticket: Ticket
+
+
+Decision = Admitted | Queued | Rejected
+
+
+@dataclass
+class _Model:
+    slots: dict[str, int] = field(default_factory=dict)   # replica -> slots, in table order
+    classes: dict[str, OrderedDict[str, deque[Ticket]]] = field(
+        default_factory=lambda: {p: OrderedDict() for p in PRIORITIES})
+    per_key: dict[str, int] = field(default_factory=dict)  # key -> tickets waiting
+    waiting: int = 0
+    service_s: float = SERVICE_S_GUESS
+
+
+def _ignore(_: Ticket) -> None:
+    return None
+
+
+class Admission:
+    """Slots, in-flight counts and fair queues of every model this router serves.
+
+    ``max_queue``: tickets waiting per model; ``max_queue_per_key``: per API key and model
+    (None: only the model's bound); ``max_wait_s``: how long a ticket may wait."""
+
+    def __init__(self, max_queue: int = 100, max_wait_s: float = 30.0,
+                 max_queue_per_key: int | None = None,
+                 on_decided: Callable[[Ticket], None] = _ignore) -> None:
+        if max_queue < 0 or max_wait_s <= 0:
+            raise ValueError("max_queue must be >= 0 and max_wait_s > 0")
+        self.max_queue = max_queue
+        self.max_wait_s = max_wait_s
+        self.max_queue_per_key = max_queue_per_key
+        self._on_decided = on_decided
+        self._models: dict[str, _Model] = {}
+        self._inflight: dict[str, int] = {}
+        self._model_of: dict[str, str] = {}
+        self._ids = itertools.count(1)
+
+    # -- reading ----------------------------------------------------------------------
+
+    def in_flight(self, replica: str) -> int:
+        return self._inflight.get(replica, 0)
+
+    def waiting(self, model: str) -> int:
+        m = self._models.get(model)
+        return m.waiting if m else 0
+
+    # -- deciding ---------------------------------------------------------------------
+
+    def update(self, model: str, slots: Mapping[str, int], now: float) -> list[Ticket]:
+        """The model's ready replicas and their slots (each >= 1) are now ``slots``. Waiting
+        tickets take slots that appeared; with no replica left they are refused
+        (``no_replicas``: the shell goes back to waiting for the model to start)."""
+        m = self._models.get(model)
+        if m is not None and slots == m.slots:     # the common case: nothing changed
+            return []
+        for rid, n in slots.items():
+            if n < 1:
+                raise ValueError(f"replica {rid} of model {model} has {n} slots; at least 1")
+        if m is None:
+            m = self._models[model] = _Model()
+        for rid in m.slots:
+            if rid not in slots and self._model_of.get(rid) == model:
+                del self._model_of[rid]
+        m.slots = dict(slots)
+        for rid in m.slots:
+            self._model_of[rid] = model
+        if not m.slots:
+            return self._reject_where(m, lambda t: True, "no_replicas")
+        return self._dispatch(m, now)
+
+    def try_admit(self, model: str, key_id: str, priority: Priority,
+                  replicas: Mapping[str, int], now: float,
+                  prefix: bytes | None = None) -> Decision:
+        """Admit a request for ``model`` from API key ``key_id`` now, queue it, or refuse it.
+        ``replicas``: ready replica -> slots, as :meth:`update` (applied first: tickets it
+        decides go to ``on_decided``). ``prefix``: its :func:`.affinity.prefix_key`."""
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+        self.update(model, replicas, now)
+        m = self._models[model]
+        if not m.slots:
+            return Rejected("no_replicas", 1)
+        if m.waiting >= self.max_queue:   # make room of tickets overdue but not yet expired
+            self._reject_where(m, lambda t: t.deadline <= now, "timeout")
+        if not m.waiting:
+            rid = self._free_replica(m, prefix)
+            if rid is not None:
+                self._inflight[rid] = self._inflight.get(rid, 0) + 1
+                return Admitted(rid)
+        if m.waiting >= self.max_queue or (self.max_queue_per_key is not None and
+                                           m.per_key.get(key_id, 0) >= self.max_queue_per_key):
+            return Rejected("queue_full", self._retry_after(m))
+        ticket = Ticket(next(self._ids), model, key_id, priority, prefix, now,
+                        now + self.max_wait_s)
+        m.classes[priority].setdefault(key_id, deque()).append(ticket)
+        m.per_key[key_id] = m.per_key.get(key_id, 0) + 1
+        m.waiting += 1
+        return Queued(ticket)
+
+    def release(self, replica: str, now: float, service_s: float | None = None
+                ) -> list[Ticket]:
+        """A request admitted to ``replica`` ended (``service_s``: how long it was served,
+        for Retry-After estimates); its slot goes to the next waiting ticket."""
+        count = self._inflight.get(replica, 0) - 1
+        if count > 0:
+            self._inflight[replica] = count
+        else:
+            self._inflight.pop(replica, None)
+        model = self._model_of.get(replica)
+        if model is None:
+            return []
+        m = self._models[model]
+        if service_s is not None and service_s >= 0:
+            m.service_s += SERVICE_ALPHA * (service_s - m.service_s)
+        return self._dispatch(m, now)
+
+    def cancel(self, ticket: Ticket, now: float) -> list[Ticket]:
+        """The client of ``ticket`` went away. A waiting ticket leaves the queue at once; one
+        already admitted gives its slot back, once (the shell must not also release it)."""
+        if ticket.cancelled:
+            return []
+        ticket.cancelled = True
+        if isinstance(ticket.outcome, Admitted):
+            return self.release(ticket.outcome.replica, now)
+        m = self._models.get(ticket.model)
+        if ticket.outcome is None and m is not None:
+            self._unqueue(m, ticket, rotate=False)
+        return []
+
+    def expire(self, now: float) -> list[Ticket]:
+        """Refuse (``timeout``) every ticket whose ``max_wait_s`` has passed."""
+        decided: list[Ticket] = []
+        for m in self._models.values():
+            if m.waiting:
+                decided += self._reject_where(m, lambda t: t.deadline <= now, "timeout")
+        return decided
+
+    # -- inside -----------------------------------------------------------------------
+
+    def _free_replica(self, m: _Model, prefix: bytes | None) -> str | None:
+        best, most = None, 0
+        for rid, n in m.slots.items():
+            room = n - self._inflight.get(rid, 0)
+            if room > most:
+                best, most = rid, room
+        if best is None or prefix is None:
+            return best
+        return choose(prefix, list(m.slots), self._inflight, m.slots)
+
+    def _dispatch(self, m: _Model, now: float) -> list[Ticket]:
+        """Give free slots to waiting tickets, in order of service (one found overdue on
+        its turn is refused instead: its client has stopped waiting)."""
+        decided: list[Ticket] = []
+        while m.waiting:
+            ticket = self._next(m)
+            if ticket.deadline <= now:
+                self._unqueue(m, ticket, rotate=False)
+                self._decide(ticket, Rejected("timeout", self._retry_after(m)), decided)
+                continue
+            rid = self._free_replica(m, ticket.prefix)
+            if rid is None:
+                break
+            self._unqueue(m, ticket, rotate=True)
+            self._inflight[rid] = self._inflight.get(rid, 0) + 1
+            self._decide(ticket, Admitted(rid), decided)
+        return decided
+
+    def _next(self, m: _Model) -> Ticket:
+        """The ticket served next: highest class, the key whose turn it is, its oldest."""
+        for priority in PRIORITIES:
+            queue = m.classes[priority]
+            if queue:
+                return next(iter(queue.values()))[0]
+        raise AssertionError("no ticket waits although the count says so")
+
+    def _unqueue(self, m: _Model, ticket: Ticket, rotate: bool) -> bool:
+        """Take ``ticket`` out of its queue; when it was served (``rotate``), its key's turn
+        passes to the next key."""
+        queue = m.classes[ticket.priority]
+        tickets = queue.get(ticket.key_id)
+        if tickets is None or ticket not in tickets:
+            return False
+        head = tickets[0] is ticket
+        tickets.remove(ticket)
+        if not tickets:
+            del queue[ticket.key_id]
+        elif head and rotate:
+            queue.move_to_end(ticket.key_id)
+        left = m.per_key[ticket.key_id] - 1
+        if left:
+            m.per_key[ticket.key_id] = left
+        else:
+            del m.per_key[ticket.key_id]
+        m.waiting -= 1
+        return True
+
+    def _reject_where(self, m: _Model, doomed: Callable[[Ticket], bool],
+                      reason: Reason) -> list[Ticket]:
+        decided: list[Ticket] = []
+        victims = [t for q in m.classes.values() for ts in q.values() for t in ts if doomed(t)]
+        for ticket in victims:
+            self._unqueue(m, ticket, rotate=False)
+        for ticket in victims:  # after all left: the estimate sees the queue they leave
+            self._decide(ticket, Rejected(reason, self._retry_after(m)), decided)
+        return decided
+
+    def _decide(self, ticket: Ticket, outcome: Admitted | Rejected,
+                decided: list[Ticket]) -> None:
+        ticket.outcome = outcome
+        decided.append(ticket)
+        self._on_decided(ticket)
+
+    def _retry_after(self, m: _Model) -> int:
+        """Seconds until a new request would likely get a slot: the tickets ahead of it,
+        served ``sum(slots)`` at a time, each taking the recent mean service time."""
+        capacity = max(1, sum(m.slots.values()))
+        wait = m.service_s * (m.waiting + 1) / capacity
+        return max(1, min(RETRY_AFTER_MAX_S, math.ceil(wait)))
+
