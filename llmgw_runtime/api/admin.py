@@ -156,6 +156,9 @@ class CatalogResult(Answer):
     deleted: list[str]
     kept: list[str] = Field(default_factory=list)
     dry_run: Bool = False
+    # A digest of ``deleted``: given back as ``?deletes=``, the apply deletes exactly these
+    # or nothing (409), so a prune deletes what ``ctl`` showed and was confirmed.
+    deletes: Text | None = None
 
 
 class Retried(Answer):

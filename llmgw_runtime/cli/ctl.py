@@ -102,9 +102,11 @@ def apply(ctx: click.Context, path: str, prune: bool, dry_run: bool, yes: bool) 
                 from None
     api = client(ctx)
 
-    def put(dry: bool) -> dict[str, Any]:
+    def put(dry: bool, deletes: str | None = None) -> dict[str, Any]:
         path = "/api/v1/catalog" + ("/dry-run" if dry else "") + ("?prune=true" if prune
                                                                    else "")
+        if deletes:             # delete exactly what was shown, or nothing (409)
+            path += f"&deletes={deletes}"
         try:
             result: dict[str, Any] = api.request("PUT", path, text.encode(),
                                                  "application/yaml",
@@ -118,11 +120,13 @@ def apply(ctx: click.Context, path: str, prune: bool, dry_run: bool, yes: bool) 
             raise
         return result
 
+    shown = None
     if prune and not dry_run and not yes:
-        doomed = put(dry=True)["deleted"]
-        if doomed:
-            confirm_prune(doomed, path == "-")
-    for line in apply_lines(put(dry=dry_run)):
+        preview = put(dry=True)
+        if preview["deleted"]:
+            confirm_prune(preview["deleted"], path == "-")
+        shown = preview.get("deletes")
+    for line in apply_lines(put(dry=dry_run, deletes=shown)):
         say(line)
 
 

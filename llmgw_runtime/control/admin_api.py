@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from flask import Blueprint, current_app, g, jsonify, request
@@ -59,17 +60,31 @@ def dry_run_catalog() -> Any:
     return _apply(dry_run=True)
 
 
+def deleted_digest(names: list[str]) -> str:
+    """What ``?deletes=`` holds: a short digest of the sorted names a prune deletes, so
+    ``ctl apply --prune`` deletes exactly what it showed and was confirmed."""
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+
+
 def _apply(dry_run: bool) -> Any:
     text = request.get_data(as_text=True)
     specs = catalog.parse(text)
     prune = _flag("prune")
+    expected = request.args.get("deletes")
 
     def write(conn: Any) -> dict[str, Any]:
         # Idempotent: applying the same specs again changes nothing and logs no event,
         # so it is retried through a store failover.
         before = [m.name for m in repo.list_models(conn)]
         result = fleet.apply_catalog(conn, specs, now_of(conn), prune)
-        return {**result, "kept": kept_models(before, specs, prune), "dry_run": dry_run}
+        if expected is not None and deleted_digest(result["deleted"]) != expected:
+            # Raised inside the transaction: nothing of this apply is written.
+            raise ConflictError(
+                "the models --prune would delete changed since they were shown (now: "
+                + (", ".join(result["deleted"]) or "none")
+                + "); nothing was applied. Run `llmgw ctl apply --prune` again to see them")
+        return {**result, "kept": kept_models(before, specs, prune), "dry_run": dry_run,
+                "deletes": deleted_digest(result["deleted"])}
 
     if not dry_run:
         return jsonify(store().write(write))

@@ -427,3 +427,26 @@ def test_help_shows_each_program_as_it_is_run() -> None:
     assert "--url" in out and "--watch" in out and "status status" not in out
     code, out = invoke("router", "--help")
     assert code == 0 and "[required]" not in out and "--no-require-api-key" in out
+
+
+def test_a_prune_deletes_exactly_what_was_shown_or_nothing(
+        control: str, store: Store, tmp_path: Path) -> None:
+    # ctl shows the models --prune deletes, asks, then applies with their digest: a model
+    # added meanwhile must not be deleted unseen. The server refuses the whole apply.
+    import requests
+
+    from llmgw_runtime.control.admin_api import deleted_digest
+
+    assert ctl(control, "apply", "-f", catalog_file(tmp_path, catalog_yaml("a", "b", "c")))[0] == 0
+    auth = {"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/yaml"}
+    shown = deleted_digest(["b"])                  # what was shown before c was added
+    resp = requests.put(f"{control}/api/v1/catalog?prune=true&deletes={shown}",
+                        data=catalog_yaml("a"), headers=auth, timeout=10)
+    assert resp.status_code == 409, resp.text
+    assert "changed since they were shown (now: b, c)" in resp.json()["error"]["message"]
+    assert sorted(model_rows(store)) == ["a", "b", "c"]
+    resp = requests.put(f"{control}/api/v1/catalog?prune=true&deletes="
+                        + deleted_digest(["b", "c"]), data=catalog_yaml("a"), headers=auth,
+                        timeout=10)
+    assert resp.status_code == 200 and resp.json()["deleted"] == ["b", "c"]
+    assert sorted(model_rows(store)) == ["a"]
