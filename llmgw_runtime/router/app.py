@@ -425,7 +425,9 @@ def create_app(config: RouterConfig | None = None) -> Flask:
     @app.get("/healthz")
     def healthz() -> Response:
         state.routes.ensure_started()
-        table = state.routes.table
+        # A worker that has no table yet fetches one now (shared, at most every 0.5 s):
+        # a fresh worker is not unhealthy, only new (each worker has its own table).
+        table = state.routes.table or state.routes.refresh(max_age_s=0.5)
         if table is None:
             resp = jsonify({"status": "routes_unavailable", "models": 0,
                             "message": state.routes.problem or "no routes table yet"})

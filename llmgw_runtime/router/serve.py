@@ -97,7 +97,10 @@ class _RouterApplication(BaseApplication):  # type: ignore[misc]
     def load(self) -> Any:
         from .app import create_app  # imported in the worker, after gevent patched
 
-        return create_app(self._config)
+        app = create_app(self._config)
+        # Fetch the routes from the worker's start, not from its first request.
+        app.extensions["llmgw_router"].routes.ensure_started()
+        return app
 
 
 def run(config: RouterConfig) -> None:

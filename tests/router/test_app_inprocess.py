@@ -62,6 +62,17 @@ def test_keys_not_required_lets_requests_through_without_one(
         _stop(app)
 
 
+def test_a_new_worker_is_healthy_on_its_first_request(keyless_control: FakeControl) -> None:
+    # Each gunicorn worker has its own table: the one that answers /healthz first (a
+    # load balancer's probe, the role's check) must not say 503 because it is new.
+    app = _app(keyless_control.url)
+    try:
+        resp = app.test_client().get("/healthz")
+        assert (resp.status_code, resp.get_json()) == (200, {"status": "ok", "models": 1})
+    finally:
+        _stop(app)
+
+
 def test_unreachable_control_gives_503_and_unhealthy(dead_url: str) -> None:
     app = _app(dead_url)
     try:
