@@ -23,11 +23,20 @@ MAX_ROUTED_MODELS = 10_000
 MAX_KEYS = 100_000
 Url = Annotated[str, Field(max_length=300, pattern=r"^https?://[A-Za-z0-9._:\[\]-]+(:\d+)?/?$")]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+MAX_SLOTS = 4096          # requests one replica serves at once
+MAX_QUEUE = 100_000       # requests waiting per model in one router
+Slots = Annotated[int, Field(strict=True, ge=1, le=MAX_SLOTS)]
+Routing = Literal["prefix-affinity", "least-outstanding"]
+KeyPriority = Literal["high", "normal", "low"]
+WaitSeconds = Annotated[float, Field(allow_inf_nan=False, gt=0, le=3600)]
 
 
 class Endpoint(Answer):
     replica_id: Id
     url: Url
+    # Requests the replica serves at once (llama.cpp --parallel, vLLM --max-num-seqs, or
+    # the catalog's slots); None: unknown, the router does not limit what it sends there.
+    slots: Slots | None = None
 
 
 class RouteModel(Answer):
@@ -42,6 +51,12 @@ class RouteModel(Answer):
     failures: SmallCount = 0
     last_error: Text | None = None
     retry_after_s: NonNegative | None = None
+    # How requests are admitted and routed (the catalog's settings, docs/routing.md):
+    # requests wait in the router for a free slot, at most max_queue of them for at most
+    # max_wait_s seconds each; routing picks among replicas with a free slot.
+    routing: Routing = "prefix-affinity"
+    max_queue: Annotated[int, Field(strict=True, ge=0, le=MAX_QUEUE)] = 100
+    max_wait_s: WaitSeconds = 30.0
 
 
 class Routes(Answer):
@@ -49,9 +64,22 @@ class Routes(Answer):
 
     models: list[RouteModel] = Field(max_length=MAX_ROUTED_MODELS)
     api_key_hashes: list[Sha256Hex] = Field(default_factory=list, max_length=MAX_KEYS)
+    # Keys whose requests are not of normal priority (hash -> priority); absent: normal.
+    key_priorities: dict[Sha256Hex, KeyPriority] = Field(default_factory=dict,
+                                                          max_length=MAX_KEYS)
 
 
 IdleSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e9)]
+
+
+class ModelCapacity(Message):
+    """One model at capacity in one router, over the interval since its last post."""
+
+    waiting: Annotated[int, Field(strict=True, ge=0, le=MAX_QUEUE)]     # at the post
+    in_flight: SmallCount                                                # at the post
+    slots: SmallCount                                                    # this router's
+    rejected: SmallCount                                                 # in the interval
+    wait_p90_s: Annotated[float, Field(allow_inf_nan=False, ge=0, le=3600)] = 0.0
 
 
 class IdleMap(Message):
@@ -61,6 +89,9 @@ class IdleMap(Message):
     unknown, never zero."""
 
     replicas: dict[Id, IdleSeconds] = Field(max_length=MAX_LIST * 4)
+    # Models this router found at capacity since its last post (every slot taken and
+    # requests waiting, or refused for capacity); absent: none was.
+    capacity: dict[Name, ModelCapacity] = Field(default_factory=dict, max_length=MAX_LIST)
 
 
 class Unreachable(Message):
