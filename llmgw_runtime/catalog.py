@@ -28,10 +28,13 @@ from .catalog_bounds import (
     MAX_NAME_CHARS,
     MAX_NODES,
     MAX_PP,
+    MAX_QUEUE_PER_MODEL,
     MAX_REPLICAS,
     MAX_SIZE_BYTES,
+    MAX_SLOTS_PER_REPLICA,
     MAX_SOURCE_CHARS,
     MAX_TP,
+    MAX_WAIT_S,
     brief,
     brief_text,
     cap_problems,
@@ -39,13 +42,18 @@ from .catalog_bounds import (
 )
 from .engines.drivers import args_problem
 from .engines.owned import owned_flags_in, owned_flags_message
+from .engines.slots import SLOT_FLAGS, slots_from_args
 from .errors import CatalogError, EngineError
 from .weights.sources import parse_source
 
 ENGINES = ("llama.cpp", "vllm")
 MODEL_FIELDS = ("name", "source", "engine", "profile", "replicas", "on_demand",
-                "idle_stop_after", "args", "strategy", "sha256", "size_bytes")
+                "idle_stop_after", "args", "strategy", "sha256", "size_bytes",
+                "routing", "slots", "max_queue", "max_wait_s")
 STRATEGIES = ("binpack", "spread")
+ROUTINGS = ("prefix-affinity", "least-outstanding")
+DEFAULT_MAX_QUEUE = 100
+DEFAULT_MAX_WAIT_S = 30.0
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 PROFILE_FIELDS = ("class", "gpus", "tp", "pp", "nodes", "memory_gb")
 SOURCE_SCHEMES = ("file://", "hf://", "https://", "http://")
@@ -92,17 +100,27 @@ class ModelSpec:
     strategy: str = "binpack"           # binpack | spread (replicas on different nodes)
     sha256: str | None = None           # checked after a download, when given
     size_bytes: int | None = None       # checked after a download, when given
+    # Admission and routing (docs/routing.md): requests one replica serves at once (None:
+    # what its args or its engine's default say, engines/slots.py), how many may wait in
+    # a router for a slot and for how long, and how a replica is picked.
+    routing: str = "prefix-affinity"    # prefix-affinity | least-outstanding
+    slots: int | None = None
+    max_queue: int = DEFAULT_MAX_QUEUE
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
 
     @property
     def definition_hash(self) -> str:
         """Changes when source (with its checksum and size), engine, profile or args change
-        (a new definition unparks). The strategy is not part of the definition."""
+        (a new definition unparks), and so does ``slots`` when set (it is a flag of the
+        launch). The strategy, routing and queue are not part of the definition."""
         fields: dict[str, Any] = {"source": self.source, "engine": self.engine,
                                   "profile": self.profile.to_dict(), "args": list(self.args)}
         if self.sha256 is not None:
             fields["sha256"] = self.sha256
         if self.size_bytes is not None:
             fields["size_bytes"] = self.size_bytes
+        if self.slots is not None:
+            fields["slots"] = self.slots
         body = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()
 
@@ -259,6 +277,7 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
             and source.startswith("hf://"):
         problems.append(f"{who}: sha256 and size_bytes apply to https:// and file:// "
                         "sources; huggingface_hub checks hf:// downloads itself")
+    routing, slots, max_queue, max_wait_s = _admission(problems, who, raw, engine, args)
     if len(problems) > before or profile is None:
         return None
     assert isinstance(name, str) and isinstance(source, str) and isinstance(engine, str)
@@ -266,7 +285,38 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
                      replicas=replicas, on_demand=bool(on_demand), idle_stop_after_s=idle_s,
                      args=tuple(str(a) for a in args), strategy=str(strategy),
                      sha256=sha256.lower() if isinstance(sha256, str) else None,
-                     size_bytes=size)
+                     size_bytes=size, routing=routing, slots=slots, max_queue=max_queue,
+                     max_wait_s=max_wait_s)
+
+
+def _admission(problems: list[str], who: str, raw: dict[str, Any], engine: Any,
+               args: list[Any]) -> tuple[str, int | None, int, float]:
+    """routing, slots, max_queue and max_wait_s of an entry, each with its default."""
+    routing = raw.get("routing", "prefix-affinity")
+    if routing not in ROUTINGS:
+        problems.append(f"{who}: routing {brief(routing)} is unknown; use prefix-affinity "
+                        "(the default: requests sharing a prompt prefix go to the replica "
+                        "that has it cached) or least-outstanding")
+        routing = "prefix-affinity"
+    slots = raw.get("slots")
+    if slots is not None:
+        slots = _int(problems, f"{who}: slots", slots,
+                     1, MAX_SLOTS_PER_REPLICA, "MAX_SLOTS_PER_REPLICA")
+        flags = SLOT_FLAGS.get(engine) if isinstance(engine, str) else None
+        in_args = slots_from_args(engine, [str(a) for a in args]) if flags else None
+        if flags and in_args is not None and in_args != slots:
+            problems.append(f"{who}: slots is {slots} but args set {flags[0]} {in_args}; "
+                            f"remove {flags[0]} from args (slots sets it) or make them agree")
+    max_queue = _int(problems, f"{who}: max_queue",
+                     raw.get("max_queue", DEFAULT_MAX_QUEUE), 0, MAX_QUEUE_PER_MODEL,
+                     "MAX_QUEUE_PER_MODEL")
+    wait = raw.get("max_wait_s", DEFAULT_MAX_WAIT_S)
+    if isinstance(wait, bool) or not isinstance(wait, int | float) \
+            or not 0 < wait <= MAX_WAIT_S:
+        problems.append(f"{who}: max_wait_s must be a number of seconds above 0 and at most "
+                        f"{MAX_WAIT_S:g} (llmgw's MAX_WAIT_S), not {brief(wait)}")
+        wait = DEFAULT_MAX_WAIT_S
+    return str(routing), slots, max_queue, float(wait)
 
 
 def _source(problems: list[str], who: str, source: Any) -> None:
@@ -384,4 +434,14 @@ def spec_from_row(row: Any) -> ModelSpec:
                      replicas=row.replicas, on_demand=bool(row.on_demand),
                      idle_stop_after_s=row.idle_stop_after_s, args=tuple(json.loads(row.args)),
                      strategy=row.strategy or "binpack", sha256=row.sha256,
-                     size_bytes=row.size_bytes)
+                     size_bytes=row.size_bytes, **_admission_of(row))
+
+
+def _admission_of(row: Any) -> dict[str, Any]:
+    """A row's admission settings, each default when the row lacks it (a row built
+    before revision 0008, or a test's)."""
+    queue = getattr(row, "max_queue", None)
+    return {"routing": getattr(row, "routing", None) or "prefix-affinity",
+            "slots": getattr(row, "slots", None),
+            "max_queue": DEFAULT_MAX_QUEUE if queue is None else queue,
+            "max_wait_s": getattr(row, "max_wait_s", None) or DEFAULT_MAX_WAIT_S}

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from .api.router import MAX_QUEUE, MAX_SLOTS
 from .errors import CatalogError
 
 # -- the document ----------------------------------------------------------------------------
@@ -37,6 +38,10 @@ MAX_IDLE_STOP_AFTER_S = 365 * 86400.0
 MAX_SIZE_BYTES = 1 << 50                # 1 PiB
 MAX_ARGS = 64
 MAX_ARG_CHARS = 1024
+# Admission (api/router.py holds the same bounds for the routes table)
+MAX_SLOTS_PER_REPLICA = MAX_SLOTS       # requests one replica serves at once
+MAX_QUEUE_PER_MODEL = MAX_QUEUE         # requests waiting per model in one router
+MAX_WAIT_S = 3600.0                     # how long a request may wait for a slot
 
 # -- error messages --------------------------------------------------------------------------
 MAX_PROBLEMS_LISTED = 50                # then "... and K more problems"

@@ -26,18 +26,32 @@ KeyName = Annotated[str, Field(strict=True, min_length=1, max_length=100,
                                pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")]
 
 
+# An API key's priority in a model's queue: a router serves waiting requests of high
+# keys first, then normal, then low, fairly across the keys of each (docs/routing.md).
+KeyPriority = Literal["high", "normal", "low"]
+
+
 class KeyCreate(Message):
     name: KeyName
+    priority: KeyPriority = "normal"
 
 
 class KeyCreated(Answer):
     name: str
     key: str
+    priority: KeyPriority = "normal"
+
+
+class KeyUpdate(Message):
+    """``PATCH /api/v1/keys/<name>``: what changes (the key itself never does)."""
+
+    priority: KeyPriority
 
 
 class KeyInfo(Answer):
     name: str
     created: Finite
+    priority: KeyPriority = "normal"
 
 
 class Keys(Answer):
@@ -78,6 +92,11 @@ class Model(Answer):
     strategy: Literal["binpack", "spread"]
     sha256: str | None = None
     size_bytes: Count | None = None
+    routing: Literal["prefix-affinity", "least-outstanding"] = "prefix-affinity"
+    slots: SmallCount | None = None
+    max_queue: Count = 100
+    max_wait_s: Finite = 30.0
+    capacity_at: Finite | None = None
     state: Annotated[ModelState, Field(strict=False)]
     reason: str | None = None
     ready: SmallCount

@@ -188,6 +188,9 @@ class Assignment(Answer):
     head_address: Line | None = None
     peers: list[Peer] | None = Field(default=None, max_length=MAX_LIST)
     replica: Id | None = None
+    # The catalog's slots (requests served at once); the driver adds the engine's flag
+    # (llama.cpp --parallel, vLLM --max-num-seqs) unless the args set it. None: not set.
+    slots: Annotated[int, Field(strict=True, ge=1, le=4096)] | None = None
 
 
 class ReportAnswer(Answer):

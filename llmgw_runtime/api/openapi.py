@@ -97,6 +97,8 @@ CONTROL_ROUTES = (
     Route("get", "/api/v1/keys", "router API keys (names only)", ADMIN, admin.Keys),
     Route("post", "/api/v1/keys", "create a router API key, shown once", ADMIN,
           admin.KeyCreated, admin.KeyCreate, status="201", errors=(400, 401, 403, 409)),
+    Route("patch", "/api/v1/keys/{name}", "change a router API key's priority", ADMIN,
+          admin.KeyInfo, admin.KeyUpdate, params=(NAME,), errors=(400, 401, 403, 404)),
     Route("delete", "/api/v1/keys/{name}", "delete a router API key", ADMIN, admin.Deleted,
           params=(NAME,), errors=(401, 403, 404)),
     Route("get", "/metrics", "Prometheus metrics (text exposition format); open unless "
@@ -113,7 +115,11 @@ _CATALOG_ENTRY = {
         "on_demand": {"type": "boolean"}, "idle_stop_after": {"type": ["string", "number"]},
         "args": {"type": "array", "items": {"type": "string"}},
         "strategy": {"enum": ["binpack", "spread"]}, "sha256": {"type": "string"},
-        "size_bytes": {"type": "integer", "minimum": 0}},
+        "size_bytes": {"type": "integer", "minimum": 0},
+        "routing": {"enum": ["prefix-affinity", "least-outstanding"]},
+        "slots": {"type": "integer", "minimum": 1, "maximum": 4096},
+        "max_queue": {"type": "integer", "minimum": 0},
+        "max_wait_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}},
     "description": "one model; llmgw_runtime/catalog.py checks every field (docs/catalog.md)"}
 RAW: dict[str, Any] = {
     "Catalog": {"type": "object", "required": ["models"],

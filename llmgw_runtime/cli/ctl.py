@@ -385,13 +385,26 @@ def keys() -> None:
     """Router API keys (stored hashed; a key is shown only when created)."""
 
 
+PRIORITY = click.Choice(("high", "normal", "low"))
+PRIORITY_HELP = ("its requests' turn in a model's queue when every slot is busy: high keys' "
+                 "first, low keys' last; fair among the keys of one priority")
+
+
 @keys.command("create")
 @click.argument("name")
+@click.option("--priority", type=PRIORITY, default="normal", show_default=True,
+              help=PRIORITY_HELP)
 @click.pass_context
-def keys_create(ctx: click.Context, name: str) -> None:
+def keys_create(ctx: click.Context, name: str, priority: str) -> None:
+    """Create API key NAME; the key is shown once."""
+    body: dict[str, Any] = {"name": name}
+    if priority != "normal":        # a control service older than priorities still works
+        body["priority"] = priority
     result = client(ctx.parent).post(  # type: ignore[arg-type]
-        "/api/v1/keys", {"name": name}, answer=messages.KeyCreated)
-    say(f"API key {result['name']} (shown once; store it now):")
+        "/api/v1/keys", body, answer=messages.KeyCreated)
+    say(f"API key {result['name']}"
+        + ("" if result["priority"] == "normal" else f" ({result['priority']} priority)")
+        + " (shown once; store it now):")
     say(result["key"])
 
 
@@ -399,9 +412,24 @@ def keys_create(ctx: click.Context, name: str) -> None:
 @output_option
 @click.pass_context
 def keys_list(ctx: click.Context, fmt: str) -> None:
+    """API keys with their priority and age (never the keys: only their hashes are kept)."""
     data = client(ctx.parent).get(  # type: ignore[arg-type]
         "/api/v1/keys", answer=messages.Keys)
-    show(data, [(k["name"], ago(k["created"])) for k in data["keys"]], ("NAME", "CREATED"), fmt)
+    show(data, [(k["name"], k.get("priority", "normal"), ago(k["created"]))
+                for k in data["keys"]], ("NAME", "PRIORITY", "CREATED"), fmt)
+
+
+@keys.command("set")
+@click.argument("name")
+@click.option("--priority", type=PRIORITY, required=True, help=PRIORITY_HELP)
+@click.pass_context
+def keys_set(ctx: click.Context, name: str, priority: str) -> None:
+    """Change API key NAME's priority (the key itself stays); routers use it from their
+    next routes refresh."""
+    client(ctx).request("PATCH", f"/api/v1/keys/{part(name)}",
+                        json.dumps({"priority": priority}).encode(), answer=messages.KeyInfo)
+    say(f"API key {name}: priority {priority}; routers use it from their next routes "
+        "refresh")
 
 
 @keys.command("delete")

@@ -34,11 +34,14 @@ def _devices(ids: list[int], reported: list[dict[str, Any]]) -> dict[str, Any]:
 def _base(replica_id: str, model: Any, ids: list[int],
           reported: list[dict[str, Any]]) -> dict[str, Any]:
     profile = json.loads(model.profile)
-    return {"replica_id": replica_id, "model": model.name, "engine": model.engine,
-            "source": model.source, "sha256": model.sha256, "size_bytes": model.size_bytes,
-            "args": json.loads(model.args),
-            "profile": {k: profile.get(k, 1) for k in ("gpus", "tp", "pp", "nodes")},
-            **_devices(ids, reported)}
+    out = {"replica_id": replica_id, "model": model.name, "engine": model.engine,
+           "source": model.source, "sha256": model.sha256, "size_bytes": model.size_bytes,
+           "args": json.loads(model.args),
+           "profile": {k: profile.get(k, 1) for k in ("gpus", "tp", "pp", "nodes")},
+           **_devices(ids, reported)}
+    if model.slots is not None:     # the catalog's: the driver sets the engine's flag
+        out["slots"] = model.slots
+    return out
 
 
 class _Addresses:

@@ -25,7 +25,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..errors import LlmgwError, StoreError
 from ..status import render
-from ..status.summary import device_label, location, node_alive
+from ..status.summary import at_capacity, device_label, location, node_alive
 from ..status.telling import telling_line
 from ..store import repo
 from . import console_auth as auth
@@ -215,7 +215,9 @@ def nodes() -> Any:
 @auth.login_required
 def models() -> Any:
     with store().begin() as conn:
-        items = fleet.models_view(conn, now_of(conn))
+        now = now_of(conn)
+        items = [{**m, "at_capacity": at_capacity(m, now)}
+                 for m in fleet.models_view(conn, now)]
     retried = request.args.get("retried")
     return page("models.html", "Models", models=items,
                 retried=retried if retried in {m["name"] for m in items} else None)

@@ -29,7 +29,7 @@ from ..api.states import ReplicaState
 from ..errors import AuthError
 from ..placement.model import heard_from
 from ..security import bearer
-from ..status.summary import device_label
+from ..status.summary import AT_CAPACITY_S, device_label
 from ..store import Store, repo
 from ..store.members import StoreHealth
 from .config import ControlConfig, instance_of_holder
@@ -130,6 +130,10 @@ class ControlCollector(Collector):
         unplaceable = GaugeMetricFamily("llmgw_model_unplaceable",
                                         "1 (with the reason) when placement cannot place the "
                                         "model's replicas", labels=["model", "reason"])
+        full = GaugeMetricFamily("llmgw_model_at_capacity", "1 when a router reported the "
+                                 "model at capacity (every slot taken, requests waiting or "
+                                 f"refused) within the last {AT_CAPACITY_S:g} s",
+                                 labels=["model"])
         for model in models:
             reps = by_model.get(model.name, [])
             state = model_state(model, reps, now)
@@ -142,7 +146,10 @@ class ControlCollector(Collector):
                 unplaceable.add_metric([model.name, model.placement_reason], 1)
             else:
                 unplaceable.add_metric([model.name, ""], 0)
-        yield from (desired, ready, failures, parked, unplaceable)
+            at = getattr(model, "capacity_at", None)
+            full.add_metric([model.name], 1 if at is not None and now - at <= AT_CAPACITY_S
+                            else 0)
+        yield from (desired, ready, failures, parked, unplaceable, full)
 
     def _replicas(self, replicas: list[Any]) -> Iterator[Metric]:
         counts = Counter(r.state for r in replicas)

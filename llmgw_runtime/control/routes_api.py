@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -11,8 +12,10 @@ from ..api.fields import clean
 from ..api.parse import parse_json
 from ..api.router import ActivateRequest, IdleMap, Unreachable
 from ..api.states import ReplicaState
+from ..catalog import spec_from_row
+from ..engines.slots import slots_of
 from ..store import repo
-from . import fleet
+from . import capacity, fleet
 from .identity import url_host
 from .states import model_state, start_streak
 from .web import fleet_settings, now_of, require, store
@@ -29,7 +32,7 @@ def routes() -> Any:
         models = repo.list_models(conn)
         nodes = {n.name: n for n in repo.list_nodes(conn)}
         replicas = repo.list_replicas(conn)
-        key_hashes = [a.token_hash for a in repo.accounts_of_kind(conn, "api_key")]
+        keys = repo.accounts_of_kind(conn, "api_key")
     by_model: dict[str, list[Any]] = defaultdict(list)
     for rep in replicas:
         by_model[rep.model].append(rep)
@@ -38,12 +41,14 @@ def routes() -> Any:
         reps = by_model.get(model.name, [])
         state = model_state(model, reps, now)
         endpoints = []
+        slots = slots_of(spec_from_row(model))
         for rep in reps:
             node = nodes.get(rep.node)
             if rep.desired and rep.state == ReplicaState.READY and rep.port and node \
                     and node.address:
                 endpoints.append({"replica_id": rep.id,
-                                  "url": f"http://{url_host(node.address)}:{rep.port}"})
+                                  "url": f"http://{url_host(node.address)}:{rep.port}",
+                                  "slots": slots})
         reason = state.reason
         if not endpoints and state.state not in ("parked", "unplaceable"):
             # Say why a model with replicas running is not routed: a router could not reach
@@ -55,14 +60,19 @@ def routes() -> Any:
                           f"{unreachable[0].last_error}; waiting for its agent's next report")
         out.append({"name": model.name, "state": state.state, "reason": clean(reason),
                     "on_demand": bool(model.on_demand), "endpoints": endpoints,
+                    "routing": model.routing, "max_queue": model.max_queue,
+                    "max_wait_s": model.max_wait_s,
                     **clean(start_streak(model, now, backoff))})
-    return jsonify({"models": out, "api_key_hashes": key_hashes})
+    return jsonify({"models": out, "api_key_hashes": [k.token_hash for k in keys],
+                    "key_priorities": {k.token_hash: k.priority for k in keys
+                                       if k.priority != "normal"}})
 
 
 @bp.post("/idle")
 @require("router")
 def idle() -> Any:
-    idle_s = parse_json(IdleMap, request.get_data(cache=True), what="idle map").replicas
+    body = parse_json(IdleMap, request.get_data(cache=True), what="idle map")
+    idle_s = body.replicas
 
     def write(conn: Any) -> None:      # idempotent (newest time wins): retried on failover
         # Routers send seconds since last use; the store's clock makes them times, so a
@@ -75,6 +85,16 @@ def idle() -> Any:
             # Several routers post maps: keep the newest time seen.
             if row is not None and (row.last_used is None or when > row.last_used):
                 repo.update_replica(conn, replica_id, last_used=float(when))
+        # Models at capacity: merged into the window of reports (control/capacity.py). A
+        # retry after a failover may count one post's refusals twice: a display figure.
+        rows = repo.models_named(conn, set(body.capacity))
+        for name, report in body.capacity.items():
+            row = rows.get(name)
+            if row is None:
+                continue
+            stored = json.loads(row.capacity) if row.capacity else None
+            repo.update_model(conn, name, capacity_at=now,
+                              capacity=json.dumps(capacity.merge(stored, report, now)))
     store().write(write)
     return "", 204
 

@@ -29,6 +29,7 @@ from .base import (
     resolve_source,
 )
 from .owned import owned_flags_in, refuse_owned_flags
+from .slots import slots_flag
 from .xllamacpp_launcher import args_problem as cpu_engine_args_problem
 from .xllamacpp_launcher import supported_flags as cpu_engine_flags
 
@@ -97,6 +98,7 @@ class LlamaCppDriver(EngineDriver):
         flag the agent owns (owned.py)."""
         args = assignment_args(assignment)
         refuse_owned_flags(self.name, args, assignment.get("replica_id"))
+        args += slots_flag(self.name, assignment.get("slots"), args)
         path = resolve_source(str(assignment["source"]), weights_dirs)
         model = str(assignment["model"])
         env = engine_env(assignment)
@@ -147,6 +149,7 @@ class VllmDriver(EngineDriver):
               weights_dirs: Sequence[str | Path]) -> list[str]:
         args = assignment_args(assignment)
         refuse_owned_flags(self.name, args, assignment.get("replica_id"))
+        args += slots_flag(self.name, assignment.get("slots"), args)
         path = resolve_source(str(assignment["source"]), weights_dirs)
         argv = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
                 "--served-model-name", str(assignment["model"])]

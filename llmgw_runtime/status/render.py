@@ -13,12 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cli.text import clean
+from .summary import AT_CAPACITY_S
 from .telling import telling_line
 
 MIN_WIDTH = 60
 SHOW_ALL_MODELS = 20       # up to this many models, every one is listed
 LIST_CAP = 10              # longer lists end with "... and N more (command)"
 FINE = ("ready", "idle")   # model states that need nobody
+AT_CAPACITY = "at capacity"
 
 COLOURS = {"red": "31", "yellow": "33", "green": "32", "dim": "2", "bold": "1"}
 STATE_COLOUR = {"ready": "green", "idle": "dim", "parked": "red", "unplaceable": "red",
@@ -254,23 +256,40 @@ def models(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     if len(all_models) <= SHOW_ALL_MODELS:
         listed, title = all_models, "models:"
     else:
-        listed = [m for m in all_models if m["state"] not in FINE]
+        listed = [m for m in all_models if m["state"] not in FINE or m.get("at_capacity")]
         fine = len(all_models) - len(listed)
         title = (f"models: {number(fine)} of {number(len(all_models))} ready or idle; "
                  "the others:")
         if not listed:
             return [clip(f"models: all {number(len(all_models))} ready or idle", width)]
-    rows = [(m["name"], m["state"] + (" (on demand)" if m["on_demand"] else ""),
-             f"{m['ready']}/{m['wanted']}", ",".join(m.get("fabrics_with_weights") or [])
-             or "-", m["reason"] or "") for m in listed]
+    rows = [(m["name"], model_state(m), f"{m['ready']}/{m['wanted']}",
+             ",".join(m.get("fabrics_with_weights") or []) or "-", model_reason(m))
+            for m in listed]
     shown, more = capped(rows, max(LIST_CAP, SHOW_ALL_MODELS), "llmgw ctl models")
 
     def colour(col: int, text: str) -> str | None:
+        if col == 1 and AT_CAPACITY in text:
+            return "yellow"
         return STATE_COLOUR.get(text.split(" ")[0]) if col == 1 else None
 
     return ([clip(title, width)]
             + table(shown, ("MODEL", "STATE", "READY", "WEIGHTS IN", "REASON"), width, paint,
                     colour) + ([more] if more else []))
+
+
+def model_state(m: dict[str, Any]) -> str:
+    """``ready``, ``ready (on demand)``, ``ready, at capacity``."""
+    return (m["state"] + (" (on demand)" if m["on_demand"] else "")
+            + (f", {AT_CAPACITY}" if m.get("at_capacity") else ""))
+
+
+def model_reason(m: dict[str, Any]) -> str:
+    """The reason, after what routers said at capacity when they did."""
+    full = m.get("at_capacity")
+    reason = m["reason"] or ""
+    if not full:
+        return reason
+    return full["note"] + (f"; {reason}" if reason else "")
 
 
 def problems(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
@@ -288,6 +307,19 @@ def problems(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
         out.append(paint(f"unplaceable ({number(len(s['unplaceable']))}):", "red"))
         rows, more = capped(s["unplaceable"], LIST_CAP, "llmgw ctl plan")
         out += table([(u["name"], u["reason"] or "") for u in rows], ("MODEL", "REASON"),
+                     width, paint)
+        out += [more] if more else []
+    if s.get("at_capacity"):
+        if out:
+            out.append("")
+        out.append(paint(f"at capacity ({number(len(s['at_capacity']))}):", "yellow") + " "
+                   + "requests waited for a slot or were refused in the last "
+                   + f"{AT_CAPACITY_S:g} s; add replicas or slots")
+        rows, more = capped(s["at_capacity"], LIST_CAP, "llmgw ctl status -o json")
+        out += table([(c["name"], c["waiting"], c["rejected"], f"{c['in_flight']}/{c['slots']}",
+                       f"{c['wait_p90_s']:.1f}s", f"{duration(c['reported_s_ago'])} ago")
+                      for c in rows],
+                     ("MODEL", "WAITING", "REFUSED", "BUSY/SLOTS", "P90 WAIT", "REPORTED"),
                      width, paint)
         out += [more] if more else []
     return out

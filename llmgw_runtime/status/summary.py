@@ -15,6 +15,9 @@ from ..weights.scan import held_sources
 ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
 NO_FABRIC = "(none)"
 SCHEMA = 1                      # bump when a field changes meaning or goes away
+# A model a router reported at capacity (every slot taken and requests waiting, or refused)
+# within this many seconds is "at capacity" (control/capacity.py merges the reports).
+AT_CAPACITY_S = 30.0
 
 
 def device_label(dev: dict[str, Any]) -> str:
@@ -239,6 +242,31 @@ def distinct_devices(entries: list[dict[str, Any]]) -> int:
     return len({d for e in entries for d in e["devices"]})
 
 
+def at_capacity(model: dict[str, Any], now: float) -> dict[str, Any] | None:
+    """What routers reported of ``model`` at capacity within AT_CAPACITY_S (its stored
+    ``capacity_at`` and ``capacity``), with a one-line ``note``; None when nothing was."""
+    at, report = model.get("capacity_at"), model.get("capacity")
+    if at is None or not isinstance(report, dict) or now - at > AT_CAPACITY_S:
+        return None
+    out = {"reported_s_ago": round(max(0.0, now - at), 1),
+           **{k: report.get(k) or 0 for k in ("waiting", "in_flight", "slots", "rejected",
+                                              "wait_p90_s")},
+           "window_s": round(max(0.0, now - report.get("since", at)), 1)}
+    out["note"] = capacity_note(out)
+    return out
+
+
+def capacity_note(c: dict[str, Any]) -> str:
+    """``6 waiting, 14 refused in the last 12 s; 4/4 slots busy; p90 wait 2.5 s``."""
+    text = f"{c['waiting']} waiting"
+    if c["rejected"]:
+        text += f", {c['rejected']} refused in the last {max(1, round(c['window_s']))} s"
+    text += f"; {c['in_flight']}/{c['slots']} slots busy"
+    if c["wait_p90_s"]:
+        text += f"; p90 wait {c['wait_p90_s']:.1f} s"
+    return text
+
+
 def _filer_group(fabric: str, node: str) -> str:
     """Who shares a node's filer: its fabric; without a fabric, nobody but itself."""
     return "node:" + node if fabric == NO_FABRIC else fabric
@@ -249,7 +277,9 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
           idle_after_s: float = 900.0, store: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary every status view renders (schema: docs/api.md, "GET /api/v1/status"):
     nodes, devices by class, free whole nodes and weights per fabric, replicas by state,
-    models desired vs ready, parked and unplaceable models, idle replicas, the store."""
+    models desired vs ready, parked, unplaceable and at-capacity models, idle replicas,
+    the store."""
+    full = {m["name"]: at_capacity(m, now) for m in models}
     alive = sum(1 for n in nodes if node_alive(n, now, node_timeout_s))
     used = used_devices(replicas)
     by_fabric, weights = fabrics(models, nodes, now, node_timeout_s, used)
@@ -264,13 +294,15 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
                     "wanted": m["wanted"], "reason": m["reason"],
                     "on_demand": m["on_demand"], "parked": bool(m.get("parked")),
                     "consecutive_failures": m.get("consecutive_failures", 0),
-                    "last_error": m.get("last_error"), **weights[m["name"]]}
+                    "last_error": m.get("last_error"), "at_capacity": full[m["name"]],
+                    **weights[m["name"]]}
                    for m in models],
         "parked": [{"name": m["name"], "failures": m.get("consecutive_failures", 0),
                     "last_error": m.get("last_error") or m["reason"]}
                    for m in models if m["state"] == "parked"],
         "unplaceable": [{"name": m["name"], "reason": m["reason"]}
                         for m in models if m["state"] == "unplaceable"],
+        "at_capacity": [{"name": name, **c} for name, c in full.items() if c is not None],
         "idle": idle_replicas(replicas, nodes, now, idle_after_s),
         "fabrics": by_fabric,
         "store": store or {"backend": "unknown", "members": None},

@@ -30,6 +30,9 @@ def model_to_dict(row: Any) -> dict[str, Any]:
         "activated_at": row.activated_at, "placement_reason": row.placement_reason,
         "created": row.created, "updated": row.updated, "strategy": row.strategy,
         "sha256": row.sha256, "size_bytes": row.size_bytes,
+        "routing": row.routing, "slots": row.slots, "max_queue": row.max_queue,
+        "max_wait_s": row.max_wait_s, "capacity_at": row.capacity_at,
+        "capacity": json.loads(row.capacity) if row.capacity else None,
     }
 
 
@@ -39,7 +42,9 @@ def _model_values(spec: ModelSpec) -> dict[str, Any]:
             "replicas": spec.replicas, "on_demand": int(spec.on_demand),
             "idle_stop_after_s": spec.idle_stop_after_s, "args": json.dumps(list(spec.args)),
             "definition_hash": spec.definition_hash, "strategy": spec.strategy,
-            "sha256": spec.sha256, "size_bytes": spec.size_bytes}
+            "sha256": spec.sha256, "size_bytes": spec.size_bytes,
+            "routing": spec.routing, "slots": spec.slots, "max_queue": spec.max_queue,
+            "max_wait_s": spec.max_wait_s}
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
@@ -97,7 +102,8 @@ def delete_model(conn: Connection, name: str) -> bool:
 
 
 # What an assignment carries of its model (control/assignments.py).
-LAUNCH_FIELDS = frozenset({"source", "engine", "profile", "args", "sha256", "size_bytes"})
+LAUNCH_FIELDS = frozenset({"source", "engine", "profile", "args", "sha256", "size_bytes",
+                           "slots"})
 
 
 def update_model(conn: Connection, name: str, **values: Any) -> None:
@@ -351,13 +357,15 @@ def accounts_of_kind(conn: Connection, kind: str) -> list[Any]:
                              .order_by(accounts.c.name)))
 
 
-def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: float) -> bool:
-    """Create the account ``name`` or give it a new token; True when an existing
-    account's token changed (rotated)."""
+def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: float,
+                priority: str = "normal") -> bool:
+    """Create the account ``name`` (``priority``: an API key's, in a model's queue) or
+    give it a new token; True when an existing account's token changed (rotated)."""
     row = conn.execute(sa.select(accounts).where(accounts.c.name == name)).first()
     if row is None:
         conn.execute(accounts.insert().values(name=name, kind=kind, token_hash=token_hash,
-                                              is_admin=int(kind == "admin"), created=now))
+                                              is_admin=int(kind == "admin"), created=now,
+                                              priority=priority))
     elif row.token_hash != token_hash or row.kind != kind:
         conn.execute(accounts.update().where(accounts.c.name == name)
                      .values(token_hash=token_hash, kind=kind, is_admin=int(kind == "admin")))
@@ -365,6 +373,17 @@ def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: fl
         sessions.end_all(conn, name)
         return True
     return False
+
+
+def set_priority(conn: Connection, name: str, kind: str, priority: str) -> Any | None:
+    """Set the priority of the account ``name`` of ``kind``; its row as it was, or None
+    when there is none."""
+    row = conn.execute(sa.select(accounts).where(accounts.c.name == name)
+                       .where(accounts.c.kind == kind)).first()
+    if row is not None:
+        conn.execute(accounts.update().where(accounts.c.id == row.id)
+                     .values(priority=priority))
+    return row
 
 
 def account_exists(conn: Connection, name: str) -> bool:

@@ -42,6 +42,15 @@ models = Table(
            server_default="binpack"),
     Column("sha256", String(64), nullable=True),
     Column("size_bytes", BigInteger, nullable=True),
+    # revision 0008: admission and routing (catalog.py; NULL slots: from the args or the
+    # engine's default), and the last report of a router that found it at capacity
+    Column("routing", String(20), nullable=False, default="prefix-affinity",
+           server_default="prefix-affinity"),
+    Column("slots", Integer, nullable=True),
+    Column("max_queue", Integer, nullable=False, default=100, server_default="100"),
+    Column("max_wait_s", Float, nullable=False, default=30.0, server_default="30"),
+    Column("capacity_at", Float, nullable=True),     # store clock of the newest report
+    Column("capacity", Text, nullable=True),         # JSON: store/capacity.py
 )
 
 nodes = Table(
@@ -120,6 +129,9 @@ accounts = Table(
     Column("token_hash", String(64), nullable=False, unique=True),
     Column("is_admin", Integer, nullable=False, default=0),
     Column("created", Float, nullable=False),
+    # revision 0008: an API key's priority in a model's queue (high/normal/low)
+    Column("priority", String(10), nullable=False, default="normal",
+           server_default="normal"),
 )
 
 leases = Table(

@@ -97,8 +97,9 @@ def test_report_gets_assignments_and_routes_follow_replica_states(api: Api) -> N
     api.report(cred, replicas=[{"id": rid, "state": "ready", "port": 41000, "pid": 1}])
     routes = api.call("GET", "/api/v1/routes", ROUTER).json
     assert routes["models"][0]["state"] == "ready"
+    # slots: the CPU engine's default (--parallel 1), as the catalog sets none
     assert routes["models"][0]["endpoints"] == [{"replica_id": rid,
-                                                "url": "http://127.0.0.1:41000"}]
+                                                "url": "http://127.0.0.1:41000", "slots": 1}]
 
 
 def test_a_failed_replica_keeps_the_engines_message(api: Api) -> None:
