@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.llmgw-installed
 
-.PHONY: up runtime-deps test test-fast lint typecheck pytest bench system-deps clean \
+.PHONY: up runtime-deps test test-fast lint typecheck pytest bench bench-affinity system-deps clean \
         ansible-deps lint-ansible molecule alerts
 
 $(BIN)/python:
@@ -100,6 +100,12 @@ bench: $(STAMP) system-deps
 	$(BIN)/python bench/control_bench.py
 	$(BIN)/python bench/status_bench.py
 	$(BIN)/python bench/store_bench.py
+	$(MAKE) --no-print-directory bench-affinity
+
+# Prefix-affinity routing and slot admission with two real llama.cpp replicas of the demo
+# model (about 10 minutes; --quick: about 2). bench/README.md, docs/performance.md.
+bench-affinity: $(STAMP) runtime-deps
+	$(BIN)/python bench/affinity_bench.py
 
 clean:
 	rm -rf $(VENV) .llmgw .pytest_cache .mypy_cache .ruff_cache
