@@ -1,6 +1,7 @@
 """A stand-in for the control service's router API, for tests and the benchmark.
 
-It serves ``GET /api/v1/routes`` (the table a test sets), records ``POST /api/v1/idle`` and
+It serves ``GET /api/v1/routes`` (the table a test sets), records ``POST /api/v1/idle`` (and
+the capacity reports in it) and
 ``POST /api/v1/activate`` calls and checks the router token. Runs in a thread of the caller.
 """
 
@@ -23,6 +24,7 @@ class FakeControl:
         self.routes = routes
         self.token = token
         self.idle_posts: list[dict[str, float]] = []
+        self.capacity_posts: list[dict[str, Any]] = []   # IdleMap.capacity, when not empty
         self.activations: list[str] = []
         self.route_gets = 0
         # model -> callable run on activate, returning the answer (default: "starting")
@@ -59,7 +61,10 @@ class FakeControl:
             resp = Response(body, 200, content_type="application/json")
         elif req.method == "POST" and req.path == "/api/v1/idle":
             with self._lock:
-                self.idle_posts.append(json.loads(req.get_data())["replicas"])
+                posted = json.loads(req.get_data())
+                self.idle_posts.append(posted["replicas"])
+                if posted.get("capacity"):
+                    self.capacity_posts.append(posted["capacity"])
             resp = Response(b"", 204)
         elif req.method == "POST" and req.path == "/api/v1/activate":
             model = json.loads(req.get_data())["model"]

@@ -75,7 +75,7 @@ class Engine:
         if path == b"/health":
             sock.sendall(_http("200 OK", b'{"status":"ok"}'))
             return
-        if path == b"/stats":
+        if path in (b"/stats", b"/stats/reset"):
             if method == b"POST":
                 STATS.update(requests=0, max_active=STATS["active"])
             sock.sendall(_http("200 OK", json.dumps(STATS).encode()))

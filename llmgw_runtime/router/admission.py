@@ -11,6 +11,11 @@ changed), :meth:`~Admission.expire` (``max_wait_s`` passed) or :meth:`~Admission
 each such call returns the tickets it decided and passes each to ``on_decided``, where the
 shell wakes whatever it waits on (a gevent Event it hung on ``ticket.waiter``, say).
 
+A full queue makes room for a newcomer by refusing (``queue_full``) the newest ticket of a
+lower class, or of a key holding at least two more tickets than the newcomer's key
+(:meth:`~Admission._push_out`): one key's burst fills the queue only while no one else
+wants it.
+
 Order of service: a higher priority class first (``high``, ``normal``, ``low``; strict, so
 a lower class waits while a higher one has tickets, up to ``max_wait_s``); within a class,
 round-robin over API keys (each request costs one turn: deficit round robin with equal
@@ -123,15 +128,16 @@ class Admission:
     # -- deciding ---------------------------------------------------------------------
 
     def update(self, model: str, slots: Mapping[str, int], now: float) -> list[Ticket]:
-        """The model's ready replicas and their slots (each >= 1) are now ``slots``. Waiting
-        tickets take slots that appeared; with no replica left they are refused
-        (``no_replicas``: the shell goes back to waiting for the model to start)."""
+        """The model's ready replicas and their slots are now ``slots``. Waiting tickets
+        take slots that appeared; with no replica left they are refused (``no_replicas``:
+        the shell goes back to waiting for the model to start). A replica's slots may be 0:
+        listed, but no room now (the shell passes what other processes leave free)."""
         m = self._models.get(model)
         if m is not None and slots == m.slots:     # the common case: nothing changed
             return []
         for rid, n in slots.items():
-            if n < 1:
-                raise ValueError(f"replica {rid} of model {model} has {n} slots; at least 1")
+            if n < 0:
+                raise ValueError(f"replica {rid} of model {model} has {n} slots; at least 0")
         if m is None:
             m = self._models[model] = _Model()
         for rid in m.slots:
@@ -163,9 +169,15 @@ class Admission:
             if rid is not None:
                 self._inflight[rid] = self._inflight.get(rid, 0) + 1
                 return Admitted(rid)
-        if m.waiting >= self.max_queue or (self.max_queue_per_key is not None and
-                                           m.per_key.get(key_id, 0) >= self.max_queue_per_key):
+        if self.max_queue_per_key is not None and \
+                m.per_key.get(key_id, 0) >= self.max_queue_per_key:
             return Rejected("queue_full", self._retry_after(m))
+        if m.waiting >= self.max_queue:
+            victim = self._push_out(m, key_id, priority)
+            if victim is None:
+                return Rejected("queue_full", self._retry_after(m))
+            self._unqueue(m, victim, rotate=False)
+            self._decide(victim, Rejected("queue_full", self._retry_after(m)), [])
         ticket = Ticket(next(self._ids), model, key_id, priority, prefix, now,
                         now + self.max_wait_s)
         m.classes[priority].setdefault(key_id, deque()).append(ticket)
@@ -212,6 +224,24 @@ class Admission:
         return decided
 
     # -- inside -----------------------------------------------------------------------
+
+    def _push_out(self, m: _Model, key_id: str, priority: Priority) -> Ticket | None:
+        """The ticket a full queue gives up for a newcomer, if any: the newest of the
+        lowest class below the newcomer's, else the newest of the key holding the most
+        tickets of the newcomer's class when that key holds at least two more than the
+        newcomer's key. So a key that floods the queue cannot keep other keys out of it
+        (they get its place, not a 429), while a queue shared evenly refuses newcomers."""
+        rank = PRIORITIES.index(priority)
+        for lower in reversed(PRIORITIES[rank + 1:]):
+            queue = m.classes[lower]
+            if queue:
+                return max(queue.values(), key=len)[-1]
+        queue = m.classes[priority]
+        if not queue:
+            return None
+        heaviest = max(queue.values(), key=len)
+        mine = len(queue.get(key_id, ()))
+        return heaviest[-1] if len(heaviest) >= mine + 2 else None
 
     def _free_replica(self, m: _Model, prefix: bytes | None) -> str | None:
         best, most = None, 0

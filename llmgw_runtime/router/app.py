@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,12 +20,16 @@ from ..api.jsonlimits import JsonTooDeep, loads_bounded
 from ..api.states import ModelState
 from ..security import bearer, hash_token
 from ..settings import load
-from .balancer import Balancer
+from .admit import Gate, Lease, client_gone
+from .affinity import prefix_key
+from .balancer import Balancer, Endpoint
+from .body import _too_large, read_body, refuse_declared_too_large
 from .config import RouterConfig
 from .errors import (
     InvalidApiKey,
     InvalidJson,
     InvalidRequest,
+    ModelAtCapacity,
     ModelFailing,
     ModelNotFound,
     ModelNotReady,
@@ -33,14 +38,13 @@ from .errors import (
     ModelUnplaceable,
     NotControlService,
     ReplicasUnreachable,
-    RequestTooLarge,
     RouterError,
     UpstreamError,
     error_body,
 )
 from .metrics import CONTENT_TYPE, UNKNOWN_MODEL, MetricsMiddleware, RouterMetrics
 from .openapi import openapi_document
-from .proxy import Upstreams, upstream_headers
+from .proxy import Admit, Upstreams, upstream_headers
 from .routes import ControlClient, ModelRoute, RoutesCache, RoutesTable
 
 log = logging.getLogger(__name__)
@@ -49,11 +53,7 @@ VERSION = "0.1.0"
 _ACTIVATE_STATES = (ModelState.STARTING, ModelState.ACTIVATING, ModelState.IDLE)
 MAX_JSON_DEPTH = 64        # arrays and objects in a request body
 MAX_MODEL_NAME = 200       # characters of 'model', as catalog names
-# In the WSGI environ once the whole request body is read: serve.py's gunicorn hook closes
-# the connection of a request answered without it (a 413, a 401...) instead of letting
-# gunicorn read the unread rest, however large, to reach the next request.
-BODY_READ = "llmgw.body_read"
-_READ_BLOCK = 1 << 16
+KEY_ID = "llmgw.key_id"     # in the environ: the API key's sha256 (the fairness key), or "-"
 
 
 class RouterState:
@@ -63,17 +63,31 @@ class RouterState:
         self.config = config
         self.metrics = RouterMetrics()
         self.balancer = Balancer()
+        self.gate = Gate(self.metrics, config.slot_share_parts)
+        self.metrics.slots_in_use_source = self._slots_in_use
         self.control = ControlClient(config.control_url, config.router_token,
                                      ca_file=config.ca_file)
         self.routes = RoutesCache(self.control, config.refresh_interval_s,
-                                  self.balancer.last_used, on_table=self._on_table)
+                                  self.balancer.last_used, on_table=self._on_table,
+                                  capacity=self.gate.capacity)
         self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s,
                                    on_unreachable=self.routes.report_unreachable)
         self._activated: dict[str, tuple[float, dict[str, Any]]] = {}
 
     def _on_table(self, table: RoutesTable) -> None:
         self.balancer.forget_except(table.replica_ids())
+        self.gate.forget_except(table.replica_ids())
         self.upstreams.forget_except({e.url for m in table.models.values() for e in m.endpoints})
+
+    def _slots_in_use(self) -> dict[str, int]:
+        """For /metrics: models whose replicas have known slots, and any other model
+        with requests in flight."""
+        table = self.routes.table
+        models = table.models.values() if table is not None else ()
+        used = self.gate.slots_in_use({m.name: [e.replica_id for e in m.endpoints]
+                                       for m in models if m.endpoints})
+        limited = {m.name for m in models if any(e.slots for e in m.endpoints)}
+        return {model: n for model, n in used.items() if n or model in limited}
 
     def current_table(self) -> RoutesTable:
         """The routes table; the first request of a worker fetches it if the loop has not."""
@@ -96,6 +110,7 @@ class RouterState:
         from ..control.throttle import ROUTER, Throttle, retry_after
         from .errors import TooManyFailedKeys
 
+        request.environ[KEY_ID] = "-"
         if not self.config.require_api_key:
             return
         guesses: Throttle | None = getattr(self, "key_throttle", None)
@@ -120,7 +135,8 @@ class RouterState:
         if key is None:
             raise InvalidApiKey("no API key: send `Authorization: Bearer <key>`; create a key "
                                 "with `llmgw ctl keys create NAME`")
-        if hash_token(key) not in table.api_key_hashes:
+        key_id = request.environ[KEY_ID] = hash_token(key)
+        if key_id not in table.api_key_hashes:
             if guesses.failed(address, now):
                 log.warning("repeated wrong API keys from %s; refusing it for a while",
                             address)
@@ -206,17 +222,42 @@ class RouterState:
                             "ready; retry shortly, `llmgw ctl status` shows the replicas' "
                             "state")
 
-    def forward(self, model: str, route: ModelRoute, path: str, body: bytes) -> Response:
-        """Proxy to the route's replicas. When none could be connected to (nothing reached
-        an engine), wait once for what the control service makes of it (another replica,
-        or an honest refusal) instead of answering 502 at once."""
+    def forward(self, model: str, route: ModelRoute, path: str, body: bytes,
+                doc: dict[str, Any], table: RoutesTable) -> Response:
+        """Proxy to the route's replicas, each request admitted to a slot first (admit.py).
+        When none could be connected to (nothing reached an engine), wait once for what
+        the control service makes of it (another replica, or an honest refusal) instead of
+        answering 502 at once."""
         headers = upstream_headers(request.headers.items())
+        admit = self._admitter(model, doc, table)
         try:
-            return self.upstreams.forward(model, route.endpoints, path, body, headers)
+            return self.upstreams.forward(model, route.endpoints, path, body, headers,
+                                          admit(route))
         except ReplicasUnreachable:
             table = self.routes.refresh(max_age_s=0.1) or self.current_table()
             route = self.resolve(model, table)
-        return self.upstreams.forward(model, route.endpoints, path, body, headers)
+        return self.upstreams.forward(model, route.endpoints, path, body, headers,
+                                      admit(route))
+
+    def _admitter(self, model: str, doc: dict[str, Any], table: RoutesTable
+                  ) -> Callable[[ModelRoute], Admit]:
+        """What admits this request to a slot of a route's endpoints: its API key (the
+        fairness key), the key's priority, its prefix key when the model routes by
+        prefix affinity, and a check that its client is still there."""
+        environ = request.environ
+        key_id = environ.get(KEY_ID) or "-"
+        priority = table.key_priorities.get(key_id, "normal")
+        gate = self.gate
+
+        def for_route(route: ModelRoute) -> Admit:
+            prefix = prefix_key(doc) if route.routing == "prefix-affinity" else None
+
+            def admit(endpoints: Sequence[Endpoint]) -> Lease | None:
+                return gate.admit(model, endpoints, key_id, priority,  # type: ignore[arg-type]
+                                  prefix, route.max_queue, route.max_wait_s,
+                                  lambda: client_gone(environ))
+            return admit
+        return for_route
 
 
 def _refuse_failing(model: str, failures: int, last_error: str | None,
@@ -250,52 +291,11 @@ def _refuse(state: str, reason: Any, model: str) -> None:
                            "and running `llmgw ctl apply`", param="model")
 
 
-def _too_large(limit: int, size: int | None = None) -> RequestTooLarge:
-    what = f"is {size} bytes, above" if size is not None and size > limit else "exceeds"
-    return RequestTooLarge(f"the request body {what} this router's limit of {limit} bytes "
-                           f"({limit / 1048576:g} MiB, the setting LLMGW_MAX_BODY_MB): send a "
-                           "smaller request, or have the operator raise LLMGW_MAX_BODY_MB")
-
-
-def refuse_declared_too_large(limit: int) -> None:
-    """Raise RequestTooLarge, before anything is read, when Content-Length exceeds ``limit``."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise _too_large(limit, length)
-
-
-def read_body(limit: int) -> bytes:
-    """The request body, never holding more than ``limit`` + 64 KiB of it: a Content-Length
-    above the limit is refused unread, a body without one (chunked) is read up to one byte
-    past the limit and refused there."""
-    environ = request.environ
-    length = request.content_length
-    if length is not None and length > limit:
-        raise _too_large(limit, length)
-    if length is None and not environ.get("wsgi.input_terminated"):
-        environ[BODY_READ] = True   # a server that does not end the input: no body (werkzeug)
-        return b""
-    stream = environ["wsgi.input"]
-    want = limit + 1 if length is None else length
-    parts: list[bytes] = []
-    got = 0
-    while got < want:
-        part = stream.read(min(_READ_BLOCK, want - got))
-        if not part:
-            break
-        parts.append(part)
-        got += len(part)
-    if got > limit:
-        raise _too_large(limit)
-    environ[BODY_READ] = True
-    return b"".join(parts)
-
-
 def _error_response(exc: RouterError) -> Response:
     RouterMetrics.error_answered(request.environ, exc.code)
     resp = jsonify(exc.body())
     resp.status_code = exc.status
-    if isinstance(exc, ModelFailing):
+    if isinstance(exc, ModelFailing | ModelAtCapacity):
         resp.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     return resp
 
@@ -343,7 +343,7 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
         state.metrics.model_named(request.environ,
                                   model if model in table.models else UNKNOWN_MODEL)
         route = state.resolve(model, table)
-        return state.forward(model, route, path, body)
+        return state.forward(model, route, path, body, doc, table)
 
     @bp.post("/v1/chat/completions")
     def chat_completions() -> Response:

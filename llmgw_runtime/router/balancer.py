@@ -20,6 +20,7 @@ DOWN_COOL_DOWN_S = 30.0
 class Endpoint:
     replica_id: str
     url: str
+    slots: int | None = None     # requests it serves at once; None: unknown, not limited
 
 
 class Balancer:
@@ -54,6 +55,11 @@ class Balancer:
             self._outstanding[best.replica_id] = best_count + 1
             self._last_used[best.replica_id] = self._clock()
             return best
+
+    def touch(self, replica_id: str) -> None:
+        """``replica_id`` was just sent a request chosen elsewhere (admission)."""
+        with self._lock:
+            self._last_used[replica_id] = self._clock()
 
     def release(self, replica_id: str) -> None:
         with self._lock:

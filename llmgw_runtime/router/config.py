@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .. import tls
+from .slots import parse_share
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,17 @@ class RouterConfig:
     tls_cert: str = ""        # serve HTTPS with this certificate and key
     tls_key: str = ""
     ca_file: str = ""         # the CA that signed the control service's certificate
+    # LLMGW_SLOT_SHARE "I/N": this router is router I of N in front of the same replicas
+    # and takes its share of each replica's slots (docs/routing.md).
+    slot_share: str = "1/1"
+
+    @property
+    def slot_share_parts(self) -> tuple[int, int]:
+        """(I, N) of ``slot_share``; (1, 1) when it is malformed (validate() says so)."""
+        try:
+            return parse_share(self.slot_share)
+        except ValueError:
+            return 1, 1
 
     @property
     def max_body_bytes(self) -> int:
@@ -61,6 +73,10 @@ class RouterConfig:
         if not 0 < self.max_body_mb <= 4096:
             problems.append(f"max_body_mb {self.max_body_mb:g} must be above 0 and at most 4096 "
                             "(MiB of one request body; default 16)")
+        try:
+            parse_share(self.slot_share)
+        except ValueError as exc:
+            problems.append(f"{exc}; set LLMGW_SLOT_SHARE")
         problems += tls.serving_problems(self.tls_cert, self.tls_key)
         problems += tls.ca_problems(self.ca_file)
         return problems

@@ -101,3 +101,22 @@ class ModelFailing(RouterError):
                  ) -> None:
         super().__init__(message, param=param)
         self.retry_after_s = retry_after_s
+
+
+class ModelAtCapacity(RouterError):
+    """Every slot of the model's replicas is taken and its queue in this router is full
+    (``max_queue``) or the request waited ``max_wait_s``: OpenAI's rate-limit shape (429),
+    with ``retry_after_s`` (the Retry-After header) when a slot is likely free."""
+
+    status, code, type = 429, "model_at_capacity", "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, param="model")
+        self.retry_after_s = retry_after_s
+
+
+class ClientGone(RouterError):
+    """The client closed its connection while its request waited for a slot: nobody reads
+    this answer (499, nginx's "client closed request"), it only ends the request."""
+
+    status, code, type = 499, "client_closed_request", "invalid_request_error"

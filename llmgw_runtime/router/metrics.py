@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.registry import Collector
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN_MODEL = "(unknown)"
@@ -32,6 +34,9 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 # Prompt processing, or an on-demand model's activation (up to activation_timeout_s).
 TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                 120.0)
+
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0, 300.0)
 
 _MODEL = "llmgw.metrics.model"       # request.environ keys the view sets
 _ERROR = "llmgw.metrics.error"
@@ -75,6 +80,25 @@ class RouterMetrics:
             "llmgw_router_in_flight", "Requests of the model being answered now", ["model"],
             multiprocess_mode="livesum", registry=owner)
 
+        # Admission (admit.py): the queue for a free slot, and what became of each request.
+        self.queue_depth = Gauge(
+            "llmgw_router_queue_depth", "Requests of the model waiting for a free slot",
+            ["model"], multiprocess_mode="livesum", registry=owner)
+        self.queue_wait = Histogram(
+            "llmgw_router_queue_wait_seconds", "Time a request waited for a slot, whether "
+            "it got one or not (requests admitted at once are not counted)", ["model"],
+            buckets=WAIT_BUCKETS, registry=owner)
+        self.admitted = Counter(
+            "llmgw_router_admitted", "Requests given a slot, at once or after waiting",
+            ["model", "how"], registry=owner)
+        self.rejected = Counter(
+            "llmgw_router_rejected", "Requests refused for capacity (queue_full, timeout) "
+            "or whose client went away while waiting (client_gone)", ["model", "reason"],
+            registry=owner)
+        # llmgw_router_slots_in_use{model}: read at scrape time (admit.Gate.slots_in_use)
+        self.slots_in_use_source: Callable[[], dict[str, int]] | None = None
+        self.registry.register(_SlotsInUse(self))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -105,6 +129,22 @@ class RouterMetrics:
 
     def first_byte(self, environ: dict[str, Any], ttfb_s: float) -> None:
         self.ttfb.labels(environ.get(_MODEL) or UNKNOWN_MODEL).observe(ttfb_s)
+
+
+class _SlotsInUse(Collector):
+    """``llmgw_router_slots_in_use``: read from the shared slot counts at each scrape (the
+    same in every worker: the counts are the router's), never counted per request."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("llmgw_router_slots_in_use", "Slots of the model's "
+                                   "replicas this router's requests hold now", labels=["model"])
+        source = self._metrics.slots_in_use_source
+        for model, n in sorted((source() if source is not None else {}).items()):
+            family.add_metric([model], n)
+        yield family
 
 
 class MetricsMiddleware:

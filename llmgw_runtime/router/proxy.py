@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import urllib3
@@ -34,6 +35,7 @@ _DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length"}
 # failure to connect marks the replica down: a reset of a reused keep-alive connection
 # can be a race with the engine closing it, and the retry tells the two apart.
 _BEFORE_FIRST_BYTE = (NewConnectionError, ProtocolError)
+REPLICA_HEADER = "X-Llmgw-Replica"     # names the replica that served (not a secret)
 
 
 def upstream_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -80,19 +82,28 @@ class Upstreams:
                 self._pools.pop(url).close()
 
     def forward(self, model: str, endpoints: Sequence[Endpoint], path: str, body: bytes,
-                headers: dict[str, str]) -> Response:
-        """POST ``body`` to the least busy endpoint not marked down; a failure before the
-        first byte is tried once more on another replica (the same one when it is the only
-        one, unless it refused the connection: then it is marked down and skipped).
-        Raises ReplicasUnreachable when no endpoint could be connected to (nothing reached
-        an engine: the caller may wait for the control service's view and try again)."""
+                headers: dict[str, str], admit: Admit | None = None) -> Response:
+        """POST ``body`` to an endpoint not marked down: the one ``admit`` gives a slot at
+        (admission: it may wait, or raise a 429), or without it the least busy one. A
+        failure before the first byte is tried once more, admitted again (on another
+        replica when there is one: a replica that refused the connection is marked down
+        and skipped). Raises ReplicasUnreachable when no endpoint could be connected to
+        (nothing reached an engine: the caller may wait for the control service's view
+        and try again)."""
         tried: list[str] = []
         failures: list[str] = []
         unreachable_only = True
         for _ in range(2):
-            ep = self._balancer.acquire(self._balancer.usable(endpoints), avoid=tried)
-            if ep is None:
+            usable = self._balancer.usable(endpoints)
+            slot: Slot | None
+            if admit is None:
+                chosen = self._balancer.acquire(usable, avoid=tried)
+                slot = None if chosen is None else _Counted(self._balancer, chosen)
+            else:
+                slot = admit(usable) if usable else None
+            if slot is None:
                 break
+            ep = slot.endpoint
             tried.append(ep.replica_id)
             try:
                 resp = self.pool(ep.url).urlopen(
@@ -100,7 +111,7 @@ class Upstreams:
                     decode_content=False, retries=False, redirect=False,
                     assert_same_host=False)
             except _BEFORE_FIRST_BYTE as exc:
-                self._balancer.release(ep.replica_id)
+                slot.release()
                 failures.append(f"{ep.replica_id} ({ep.url}): {_describe(exc)}")
                 if isinstance(exc, NewConnectionError):
                     self._unreachable(model, ep, _describe(exc))
@@ -110,12 +121,17 @@ class Upstreams:
                                 ep.replica_id, model, _describe(exc))
                 continue
             except HTTPError as exc:
-                self._balancer.release(ep.replica_id)
+                slot.release()
                 raise UpstreamError(f"replica {ep.replica_id} of model '{model}' failed: "
                                     f"{_describe(exc)}; retry the request, and check the "
                                     "replica with `llmgw ctl status` if it persists",
                                     ) from None
-            return self._respond(model, ep, resp)
+            except BaseException:
+                slot.release()
+                raise
+            if admit is not None:
+                self._balancer.touch(ep.replica_id)
+            return self._respond(model, slot, resp)
         if unreachable_only:
             raise ReplicasUnreachable(
                 f"no replica of model '{model}' could be reached from this router"
@@ -135,11 +151,13 @@ class Upstreams:
         if self._on_unreachable is not None:
             self._on_unreachable(ep.replica_id, why)
 
-    def _respond(self, model: str, ep: Endpoint, resp: BaseHTTPResponse) -> Response:
+    def _respond(self, model: str, slot: Slot, resp: BaseHTTPResponse) -> Response:
+        ep = slot.endpoint
         ctype = resp.headers.get("content-type", "")
         streaming = ("content-length" not in resp.headers
                      or ctype.startswith("text/event-stream"))
         headers = downstream_headers(resp.headers)
+        headers.append((REPLICA_HEADER, ep.replica_id))
         if not streaming:
             try:
                 data = resp.read()
@@ -148,14 +166,16 @@ class Upstreams:
                 raise UpstreamError(f"replica {ep.replica_id} of model '{model}' broke off its "
                                     f"answer: {_describe(exc)}; retry the request") from None
             finally:
-                self._balancer.release(ep.replica_id)
+                slot.release()
             resp.release_conn()
             return Response(data, status=resp.status, headers=headers)
         headers += [("X-Accel-Buffering", "no"), ("Cache-Control", "no-cache")]
-        return Response(self._stream(ep, resp), status=resp.status, headers=headers,
-                        direct_passthrough=True)
+        out = Response(self._stream(slot, resp), status=resp.status, headers=headers,
+                       direct_passthrough=True)
+        out.call_on_close(slot.release)     # also when the stream never started
+        return out
 
-    def _stream(self, ep: Endpoint, resp: BaseHTTPResponse) -> Iterator[bytes]:
+    def _stream(self, slot: Slot, resp: BaseHTTPResponse) -> Iterator[bytes]:
         complete = False
         try:
             if (isinstance(resp, HTTPResponse) and resp.chunked
@@ -172,14 +192,43 @@ class Upstreams:
             complete = True
         except HTTPError as exc:
             # Headers are already sent: the client sees a truncated stream.
-            log.warning("stream from replica %s broke off: %s", ep.replica_id, _describe(exc))
+            log.warning("stream from replica %s broke off: %s", slot.endpoint.replica_id,
+                        _describe(exc))
         finally:
             if complete:
                 resp.release_conn()
             else:  # client went away or upstream broke: never reuse a half-read connection
                 resp.close()  # closes the socket too
                 resp.release_conn()
-            self._balancer.release(ep.replica_id)
+            slot.release()
+
+
+class Slot(Protocol):
+    """A replica chosen for one request, held until ``release`` (called at least once:
+    it must act only on the first call)."""
+
+    endpoint: Endpoint
+
+    def release(self) -> None: ...
+
+
+Admit = Callable[[Sequence[Endpoint]], "Slot | None"]
+
+
+class _Counted:
+    """A slot of the least-outstanding balancer (no admission)."""
+
+    __slots__ = ("endpoint", "_balancer", "_done")
+
+    def __init__(self, balancer: Balancer, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._balancer = balancer
+        self._done = False
+
+    def release(self) -> None:
+        if not self._done:
+            self._done = True
+            self._balancer.release(self.endpoint.replica_id)
 
 
 def _describe(exc: BaseException) -> str:

@@ -4,7 +4,8 @@ A per-worker :class:`RoutesCache` polls ``GET /api/v1/routes`` every tick from a
 thread (a greenlet under gevent), started lazily on the first request so that it lives in
 the worker, after gevent has patched. It keeps the last good table while control is
 unreachable and, once a tick, posts the replicas this worker could not connect to and the
-idle map (requests never wait on those posts).
+idle map, with the models found at capacity (admission; requests never wait on those
+posts).
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from typing import Any, TypeVar
 import pydantic
 
 from ..api.parse import problems
-from ..api.router import ActivateAnswer, ActivateRequest, IdleMap, Routes, Unreachable
+from ..api.router import (
+    ActivateAnswer,
+    ActivateRequest,
+    IdleMap,
+    ModelCapacity,
+    Routes,
+    Unreachable,
+)
 from ..api.transport import RemoteError, Transport
 from ..errors import LlmgwError
 from .balancer import Endpoint
@@ -39,6 +47,9 @@ class ModelRoute:
     failures: int = 0                    # the current start streak (api.router.RouteModel)
     last_error: str | None = None
     retry_after_s: float | None = None   # when the table was fetched
+    routing: str = "prefix-affinity"     # or "least-outstanding" (docs/routing.md)
+    max_queue: int = 100                 # requests waiting for a slot in this router
+    max_wait_s: float = 30.0             # how long one may wait
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,7 @@ class RoutesTable:
     api_key_hashes: frozenset[str]
     fetched_at: float
     first_seen: dict[str, int] = field(default_factory=dict)  # model -> Unix s, for "created"
+    key_priorities: dict[str, str] = field(default_factory=dict)  # key hash -> high/low
 
     def replica_ids(self) -> set[str]:
         return {e.replica_id for m in self.models.values() for e in m.endpoints}
@@ -63,13 +75,14 @@ def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> Ro
                              + "; ".join(problems(exc)[:5])) from None
     models: dict[str, ModelRoute] = {}
     for m in doc.models:
-        eps = tuple(Endpoint(e.replica_id, e.url.rstrip("/")) for e in m.endpoints)
+        eps = tuple(Endpoint(e.replica_id, e.url.rstrip("/"), e.slots) for e in m.endpoints)
         models[m.name] = ModelRoute(m.name, str(m.state), m.reason, m.on_demand, eps,
-                                    m.failures, m.last_error, m.retry_after_s)
+                                    m.failures, m.last_error, m.retry_after_s,
+                                    m.routing, m.max_queue, m.max_wait_s)
     hashes = frozenset(doc.api_key_hashes)
     old = previous.first_seen if previous else {}
     first_seen = {name: old.get(name, int(now)) for name in models}
-    return RoutesTable(models, hashes, now, first_seen)
+    return RoutesTable(models, hashes, now, first_seen, dict(doc.key_priorities))
 
 
 class ControlError(Exception):
@@ -114,9 +127,11 @@ class ControlClient:
             raise ControlError(f"unreachable replica not accepted: {str(exc)[:300]}"
                                ) from None
 
-    def post_idle(self, replicas: dict[str, float]) -> None:
+    def post_idle(self, replicas: dict[str, float],
+                  capacity: dict[str, ModelCapacity] | None = None) -> None:
         try:
-            self._transport.request("POST", "/api/v1/idle", IdleMap(replicas=replicas))
+            self._transport.request("POST", "/api/v1/idle",
+                                    IdleMap(replicas=replicas, capacity=capacity or {}))
         except LlmgwError as exc:
             raise ControlError(f"idle map not accepted: {str(exc)[:300]}") from None
 
@@ -127,8 +142,10 @@ class RoutesCache:
     def __init__(self, client: ControlClient, interval_s: float,
                  idle_map: Callable[[], dict[str, float]],
                  on_table: Callable[[RoutesTable], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 capacity: Callable[[], dict[str, ModelCapacity]] | None = None) -> None:
         self._client = client
+        self._capacity = capacity
         self._interval = interval_s
         self._idle_map = idle_map
         self._on_table = on_table
@@ -234,14 +251,19 @@ class RoutesCache:
 
     def tick(self) -> None:
         """One cycle: post the replicas this worker could not reach (so that the table
-        fetched next leaves them out), refresh the table, then post the idle map."""
+        fetched next leaves them out), refresh the table, then post the idle map, with
+        the models found at capacity since the last post (admission)."""
         self._post_unreachable()
         self.refresh()
         now = self._clock()
         idle = {rid: max(0.0, now - used) for rid, used in self._idle_map().items()}
-        if idle:
+        capacity = self._capacity() if self._capacity is not None else {}
+        if idle or capacity:
             try:
-                self._client.post_idle(idle)
+                if capacity:
+                    self._client.post_idle(idle, capacity)
+                else:
+                    self._client.post_idle(idle)
             except ControlError as exc:
                 log.debug("idle map not posted: %s", exc)
 

@@ -11,6 +11,10 @@ prometheus_client: nothing on the way here does), so every worker's counters lan
 ``/metrics`` on any worker adds them up. A worker that exits has its in-flight gauge dropped
 (``child_exit``); the directory goes when the router stops.
 
+Slots: :func:`run` also makes the shared in-flight counts file (``slots.py``) before any
+worker forks; ``pre_fork`` gives each worker a stable row (the lowest free index),
+``post_fork`` passes it to the worker, ``child_exit`` zeroes a dead worker's row.
+
 Bodies: a request answered before its body was read (a 413 on Content-Length, a 401, a 404)
 closes its connection (``post_request``) unless what is left is at most 64 KiB, instead of
 gunicorn reading and dropping the rest, however large, to reach the next request.
@@ -27,11 +31,13 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from .. import tls
+from . import slots
 from .config import RouterConfig
 
 GRACEFUL_TIMEOUT_S = 30
 SMALL_UNREAD_BODY = 1 << 16     # drained to keep the connection; anything larger closes it
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"   # read by prometheus_client at its import
+_ROW_ATTR = "llmgw_slot_row"    # on gunicorn's worker object: its row in the slots file
 
 
 def gunicorn_options(config: RouterConfig) -> dict[str, Any]:
@@ -54,16 +60,44 @@ def gunicorn_options(config: RouterConfig) -> dict[str, Any]:
 
 
 def _child_exit(server: Any, worker: Any) -> None:
-    """gunicorn hook, in the master: a dead worker's requests are no longer in flight."""
+    """gunicorn hook, in the master: a dead worker's requests are no longer in flight
+    (neither in the metrics nor in the shared slot counts)."""
     from prometheus_client import multiprocess
 
     path = os.environ.get(MULTIPROC_DIR_ENV)
     if path:
         multiprocess.mark_process_dead(worker.pid, path)
+    row = getattr(worker, _ROW_ATTR, None)
+    slots_file = os.environ.get(slots.FILE_ENV)
+    if row is not None and slots_file:
+        slots.zero_row(slots_file, row)
+
+
+def _pre_fork(server: Any, worker: Any) -> None:
+    """gunicorn hook, in the master: the new worker's slot row, the lowest one no live
+    worker holds (a replacement takes the row its dead predecessor left, zeroed)."""
+    taken = {getattr(w, _ROW_ATTR, None) for w in server.WORKERS.values()}
+    row = next(i for i in range(len(taken) + 1) if i not in taken)
+    slots_file = os.environ.get(slots.FILE_ENV)
+    if slots_file and row >= slots.rows_of(slots_file):
+        row = -1     # more workers than rows (many TTIN signals): this one counts alone
+    setattr(worker, _ROW_ATTR, row)
+
+
+def _post_fork(server: Any, worker: Any) -> None:
+    """gunicorn hook, in the new worker before it loads the app: its slot row."""
+    row = getattr(worker, _ROW_ATTR, -1)
+    if row >= 0:
+        os.environ[slots.ROW_ENV] = str(row)
+    else:
+        os.environ.pop(slots.ROW_ENV, None)
+        logging.getLogger(__name__).warning(
+            "worker %s has no slot row: its requests are not counted with the other "
+            "workers' (too many workers for the slots file)", os.getpid())
 
 
 def _unread_body_is_large(environ: dict[str, Any]) -> bool:
-    from .app import BODY_READ
+    from .body import BODY_READ
 
     if environ.get(BODY_READ):
         return False
@@ -92,6 +126,8 @@ class _RouterApplication(BaseApplication):  # type: ignore[misc]
             if key in self.cfg.settings:
                 self.cfg.set(key, value)
         self.cfg.set("child_exit", _child_exit)
+        self.cfg.set("pre_fork", _pre_fork)
+        self.cfg.set("post_fork", _post_fork)
         self.cfg.set("post_request", _post_request)
 
     def load(self) -> Any:
@@ -110,7 +146,10 @@ def run(config: RouterConfig) -> None:
                             format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
     metrics_dir = tempfile.mkdtemp(prefix="llmgw-router-metrics-")   # mode 0700
     os.environ[MULTIPROC_DIR_ENV] = metrics_dir     # fresh: no counts of an earlier run
+    slots_dir = tempfile.mkdtemp(prefix="llmgw-router-slots-")
+    os.environ[slots.FILE_ENV] = slots.create_file(slots_dir, config.workers)
     try:
         _RouterApplication(config).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        shutil.rmtree(slots_dir, ignore_errors=True)

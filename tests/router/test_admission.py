@@ -201,11 +201,40 @@ def test_higher_priority_classes_are_served_first() -> None:
 def test_a_full_queue_refuses_with_queue_full_and_a_retry_after() -> None:
     shell = Shell(max_queue=3)
     shell.fill()
-    for _ in range(3):
-        shell.queue()
-    refused = shell.admit("other", "high")
-    assert isinstance(refused, Rejected) and refused.reason == "queue_full"
-    assert refused.retry_after_s >= 1
+    for key in ("a", "b", "c"):
+        shell.queue(key)
+    for key in ("a", "d"):      # shared evenly: a newcomer of any key is refused
+        refused = shell.admit(key)
+        assert isinstance(refused, Rejected) and refused.reason == "queue_full"
+        assert refused.retry_after_s >= 1
+    assert shell.woken == []
+
+
+def test_a_key_flooding_a_full_queue_gives_its_newest_place_to_another_key() -> None:
+    shell = Shell(max_queue=4)
+    shell.fill()
+    flood = [shell.queue("flood", now=float(i)) for i in range(4)]
+    assert isinstance(shell.admit("flood"), Rejected)
+    polite = shell.admit("polite", now=5.0)
+    assert isinstance(polite, Queued)
+    assert shell.woken == [flood[-1]] and flood[-1].outcome == Rejected(
+        "queue_full", flood[-1].outcome.retry_after_s)  # type: ignore[union-attr]
+    assert shell.core.waiting("m") == 4
+    assert isinstance(shell.admit("polite", now=6.0), Queued)    # 3 against 1: one more
+    assert shell.woken[-1] is flood[-2]
+    # 2 and 2: even, so neither key may push the other out any more.
+    for key in ("polite", "flood"):
+        assert isinstance(shell.admit(key, now=7.0), Rejected)
+    assert len(shell.woken) == 2
+
+
+def test_a_higher_class_takes_the_place_of_a_lower_one_in_a_full_queue() -> None:
+    shell = Shell(max_queue=2)
+    shell.fill()
+    low = [shell.queue("bulk", "low", now=0.0), shell.queue("bulk", "low", now=1.0)]
+    assert isinstance(shell.admit("vip", "high", now=2.0), Queued)
+    assert shell.woken == [low[1]]
+    assert isinstance(shell.admit("batch", "low", now=3.0), Rejected)
 
 
 def test_a_key_may_hold_only_its_share_of_the_queue() -> None:
@@ -418,7 +447,8 @@ def test_bad_arguments_are_refused() -> None:
     shell = Shell()
     with pytest.raises(ValueError, match="priority"):
         shell.admit(priority="urgent")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="at least 1"):
-        shell.admit(replicas={"r1": 0})
+    with pytest.raises(ValueError, match="at least 0"):
+        shell.admit(replicas={"r1": -1})
+    assert isinstance(shell.admit(replicas={"r1": 0}), Queued)   # listed, no room now
     with pytest.raises(ValueError):
         Admission(max_wait_s=0)

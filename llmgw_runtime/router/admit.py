@@ -1,0 +1,356 @@
+"""The waiting shell around the admission core: a request gets a replica slot before it is
+forwarded, or waits for one, or is refused with a 429.
+
+:class:`Gate` holds one :class:`.admission.Admission` core per model (each with that
+model's ``max_queue`` and ``max_wait_s``) and this worker's share of the router's shared
+in-flight counts (:mod:`.slots`). Every core call runs under the counts' lock: the other
+workers' counts are read, the core sees ``slots - others`` (its *effective* slots), and
+this worker's counts are written back, so no replica ever has more of this router's
+requests in flight than its slots (this router's share of them, ``LLMGW_SLOT_SHARE``).
+The queue bound is shared the same way (a column per model counts its waiting requests):
+the core's ``max_queue`` is what the other workers' queues leave of the model's.
+
+A queued request waits on an Event the core's ``on_decided`` sets (a gevent Event under
+gevent: ``threading`` is patched), in short steps, checking that its client is still
+there. While this worker has waiting requests one poller (a greenlet) looks every
+:data:`POLL_S` for slots other workers freed and refuses tickets past ``max_wait_s``. A
+slot is given back exactly once, when the answer (a stream included) ends or its client
+goes away (:class:`Lease`).
+
+Cost on the hot path (a free slot): about 30 us of CPU to admit and release one request,
+prefix key, lock and metrics included (measured on these machines: 20,000 admit+release
+pairs through :class:`.slots.SharedSlots`); ``bench/router_bench.py`` sees no change in
+throughput at concurrency 64.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gevent import monkey
+
+from ..api.router import MAX_QUEUE, ModelCapacity
+from .admission import Admission, Admitted, Priority, Queued, Rejected, Ticket
+from .balancer import Endpoint
+from .errors import ClientGone, ModelAtCapacity
+from .metrics import RouterMetrics
+from .slots import UNLIMITED, SlotCounts, for_this_process, model_shares
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.005           # how often a worker with waiting requests looks for freed slots
+WAIT_STEP_S = 0.05       # how often a waiting request checks that its client is there
+_MAX_SAMPLES = 2000      # wait times kept per model between two capacity reports
+_BIG = 1_000_000         # api.fields.SmallCount
+_QUEUE = "\0queue:"      # slot-count columns of a model's waiting requests: "\0queue:<model>"
+_poll = monkey.get_original("select", "poll")
+
+
+def client_gone(environ: dict[str, Any]) -> bool:
+    """True when the client of this request closed its connection (gunicorn puts the
+    socket in ``environ['gunicorn.socket']``; without it, never). Never blocks."""
+    sock = environ.get("gunicorn.socket")
+    if sock is None:
+        return False
+    try:
+        poller = _poll()
+        poller.register(sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+        events = poller.poll(0)
+        if not events:
+            return False
+        if events[0][1] & (select.POLLERR | select.POLLHUP):
+            return True
+        return sock.recv(1, socket.MSG_PEEK) == b""     # readable: closed, or pipelined data
+    except (OSError, ValueError):
+        return True
+
+
+class Lease:
+    """One slot at ``endpoint``, held until :meth:`release` (idempotent)."""
+
+    __slots__ = ("endpoint", "_gate", "_core", "_model", "_started", "_done")
+
+    def __init__(self, endpoint: Endpoint, gate: Gate, core: Admission, model: str,
+                 started: float) -> None:
+        self.endpoint = endpoint
+        self._gate = gate
+        self._core = core
+        self._model = model
+        self._started = started
+        self._done = False
+
+    def release(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._gate._release(self._core, self._model, self.endpoint.replica_id, self._started)
+
+
+@dataclass
+class _Interval:
+    """What one model went through since the last capacity report."""
+    queued: int = 0
+    rejected: int = 0
+    waits: list[float] = field(default_factory=list)
+
+
+class Gate:
+    """Admission for every model of this worker. ``share``: (I, N) of ``LLMGW_SLOT_SHARE``."""
+
+    def __init__(self, metrics: RouterMetrics, share: tuple[int, int] = (1, 1),
+                 counts: SlotCounts | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._metrics = metrics
+        self._share = share
+        self._counts = counts if counts is not None else for_this_process()
+        self._clock = clock
+        self._cores: dict[str, Admission] = {}
+        self._replicas: dict[str, tuple[str, ...]] = {}     # model -> replicas last seen
+        self._slots: dict[str, dict[str, int]] = {}          # model -> this router's slots
+        self._shares: dict[tuple[Endpoint, ...], dict[str, int]] = {}
+        self._endpoints: dict[str, dict[str, Endpoint]] = {}
+        self._interval: dict[str, _Interval] = {}
+        self._at_once: dict[str, Any] = {}    # model -> its admitted{how="at_once"} child
+        self._max_queue: dict[str, int] = {}     # the catalog's; the core's is what is left
+        self._waiting = 0
+        self._poller: threading.Thread | None = None
+
+    # -- the request path ---------------------------------------------------------------
+
+    def admit(self, model: str, endpoints: Sequence[Endpoint], key_id: str,
+              priority: Priority, prefix: bytes | None, max_queue: int, max_wait_s: float,
+              gone: Callable[[], bool] = lambda: False) -> Lease | None:
+        """A slot at one of ``endpoints`` (the model's usable ones), waiting for it when
+        every slot is taken; None when there is no replica (the caller waits for the
+        model). Raises ModelAtCapacity (queue full, waited too long) or ClientGone."""
+        core = self._core(model, max_queue, max_wait_s)
+        shares = self._shares_of(model, endpoints)
+        counts = self._counts
+        now = self._clock()
+        queue = _QUEUE + model
+        with counts.locked():
+            rids = self._replicas[model]
+            *others, others_waiting = counts.others((*rids, queue))
+            effective = {rid: max(0, shares[rid] - other)
+                         for rid, other in zip(rids, others, strict=True)}
+            # the queue bound is the router's: what the other workers' queues leave
+            core.max_queue = max(0, max_queue - others_waiting)
+            decision = core.try_admit(model, key_id, priority, effective, now, prefix)
+            self._sync(core, model, rids)
+        if isinstance(decision, Admitted):
+            at_once = self._at_once.get(model)
+            if at_once is None:    # labels() costs microseconds: once per model
+                at_once = self._at_once[model] = self._metrics.admitted.labels(model,
+                                                                               "at_once")
+            at_once.inc()
+            return Lease(self._endpoints[model][decision.replica], self, core, model, now)
+        if isinstance(decision, Queued):
+            return self._wait(core, model, decision.ticket, gone)
+        return self._refused(core, model, decision)
+
+    def _wait(self, core: Admission, model: str, ticket: Ticket,
+              gone: Callable[[], bool]) -> Lease | None:
+        event = threading.Event()
+        ticket.waiter = event
+        if ticket.outcome is not None:
+            event.set()
+        self._waiting += 1
+        self._interval.setdefault(model, _Interval()).queued += 1
+        self._metrics.queue_depth.labels(model).inc()
+        self._ensure_poller()
+        try:
+            while ticket.outcome is None:
+                if event.wait(WAIT_STEP_S):
+                    break
+                if ticket.outcome is None and gone():
+                    with self._counts.locked():
+                        core.cancel(ticket, self._clock())
+                        self._sync(core, model, self._replicas.get(model, ()))
+                    self._metrics.rejected.labels(model, "client_gone").inc()
+                    raise ClientGone(f"the client went away while its request for model "
+                                     f"'{model}' waited for a slot")
+        except BaseException:    # killed while waiting (worker stopping): leave the queue
+            if not ticket.cancelled:
+                with self._counts.locked():
+                    core.cancel(ticket, self._clock())
+                    self._sync(core, model, self._replicas.get(model, ()))
+            raise
+        finally:
+            self._waiting -= 1
+            waited = self._clock() - ticket.enqueued_at
+            self._metrics.queue_depth.labels(model).dec()
+            self._metrics.queue_wait.labels(model).observe(waited)
+            stats = self._interval.setdefault(model, _Interval())
+            if len(stats.waits) < _MAX_SAMPLES:
+                stats.waits.append(waited)
+        outcome = ticket.outcome
+        if isinstance(outcome, Admitted):
+            self._metrics.admitted.labels(model, "after_wait").inc()
+            lease = Lease(Endpoint(outcome.replica, ""), self, core, model, self._clock())
+            endpoint = self._endpoints.get(model, {}).get(outcome.replica)
+            if endpoint is None:     # its replica left the routes table while it waited
+                lease.release()
+                return None          # the caller looks at the table again
+            lease.endpoint = endpoint
+            return lease
+        assert isinstance(outcome, Rejected)
+        return self._refused(core, model, outcome)
+
+    def _refused(self, core: Admission, model: str, decision: Rejected) -> Lease | None:
+        """None for no_replicas (the caller waits for the model); raises the 429 else."""
+        if decision.reason == "no_replicas":
+            return None
+        self._metrics.rejected.labels(model, decision.reason).inc()
+        self._interval.setdefault(model, _Interval()).rejected += 1
+        raise self._at_capacity(core, model, decision)
+
+    def _at_capacity(self, core: Admission, model: str, decision: Rejected
+                     ) -> ModelAtCapacity:
+        slots = self._slots.get(model, {})
+        n = len(slots)
+        total = sum(slots.values())
+        served = ("unlimited" if total >= UNLIMITED else str(total))
+        with self._counts.locked():
+            waiting = self._counts.totals((_QUEUE + model,))[0]
+        max_queue = self._max_queue.get(model, core.max_queue)
+        if decision.reason == "queue_full":
+            limit = (f"its queue is full (max_queue {max_queue}"
+                     + (": this model does not queue" if max_queue == 0 else "") + ")")
+        else:
+            limit = (f"this request waited max_wait_s ({core.max_wait_s:g} s) without "
+                     "getting one")
+        return ModelAtCapacity(
+            f"model '{model}' is at capacity: the {served} slot"
+            + ("" if total == 1 else "s") + f" this router has on its {n} replica"
+            + ("" if n == 1 else "s") + f" are all busy and {waiting} request"
+            + (" waits" if waiting == 1 else "s wait") + f" for one; {limit}. Retry after "
+            "the Retry-After seconds; if this persists, ask the operator for more replicas "
+            "or slots (or a larger max_queue / max_wait_s in the catalog)",
+            retry_after_s=decision.retry_after_s)
+
+    def _release(self, core: Admission, model: str, replica: str, started: float) -> None:
+        now = self._clock()
+        with self._counts.locked():
+            core.release(replica, now, now - started)
+            rids = self._replicas.get(model, ())
+            self._sync(core, model, rids if replica in rids else (*rids, replica))
+
+    # -- inside ---------------------------------------------------------------------------
+
+    def _core(self, model: str, max_queue: int, max_wait_s: float) -> Admission:
+        core = self._cores.get(model)
+        if core is None:
+            core = self._cores[model] = Admission(max_queue=max_queue, max_wait_s=max_wait_s,
+                                                  on_decided=_wake)
+        self._max_queue[model] = max_queue
+        core.max_wait_s = max_wait_s
+        return core
+
+    def _shares_of(self, model: str, endpoints: Sequence[Endpoint]) -> dict[str, int]:
+        """This router's slots at each endpoint (cached per endpoint set)."""
+        key = tuple(endpoints)
+        shares = self._shares.get(key)
+        if shares is None:
+            if len(self._shares) > 1000:
+                self._shares.clear()
+            index, count = self._share
+            shares = self._shares[key] = model_shares(
+                {e.replica_id: e.slots for e in endpoints}, index, count)
+        if self._slots.get(model) is not shares:
+            self._slots[model] = shares
+            self._replicas[model] = tuple(shares)
+            # kept across changes: a ticket may be admitted to a replica of an earlier set
+            self._endpoints.setdefault(model, {}).update((e.replica_id, e) for e in endpoints)
+        return shares
+
+    def _sync(self, core: Admission, model: str, rids: Sequence[str]) -> None:
+        """This worker's counts := the core's: in flight per replica, and its queue of the
+        model (under the lock)."""
+        for rid in rids:
+            self._counts.set_mine(rid, core.in_flight(rid))
+        self._counts.set_mine(_QUEUE + model, core.waiting(model))
+
+    def _ensure_poller(self) -> None:
+        if self._poller is None or not self._poller.is_alive():
+            self._poller = threading.Thread(target=self._poll_loop, daemon=True,
+                                            name="llmgw-router-admission")
+            self._poller.start()
+
+    def _poll_loop(self) -> None:
+        while self._waiting > 0:
+            time.sleep(POLL_S)
+            try:
+                self.poll()
+            except Exception:  # a bug here must not leave requests waiting forever
+                log.exception("admission poll failed; trying again")
+
+    def poll(self) -> None:
+        """Hand slots other workers freed to this worker's waiting tickets, and refuse
+        those past ``max_wait_s``."""
+        counts = self._counts
+        now = self._clock()
+        with counts.locked():
+            for model, core in self._cores.items():
+                if not core.waiting(model):
+                    continue
+                rids = self._replicas.get(model, ())
+                shares = self._slots.get(model, {})
+                others = counts.others(rids)
+                core.update(model, {rid: max(0, shares[rid] - other)
+                                    for rid, other in zip(rids, others, strict=True)}, now)
+                core.expire(now)
+                self._sync(core, model, rids)
+
+    def forget_except(self, replica_ids: set[str]) -> None:
+        """The routes table changed: columns of replicas that left it may be reused."""
+        with self._counts.locked():
+            self._counts.forget_except(replica_ids)
+        for endpoints in self._endpoints.values():
+            for rid in [r for r in endpoints if r not in replica_ids]:
+                del endpoints[rid]
+
+    # -- reading ------------------------------------------------------------------------
+
+    def slots_in_use(self, replicas: Mapping[str, Sequence[str]]) -> dict[str, int]:
+        """Model -> slots of its replicas (``replicas``: model -> replica ids, from the
+        routes table) this router's requests hold now, all workers: read at scrape time
+        from the shared counts, nothing is counted on the request path."""
+        with self._counts.locked():
+            return {model: sum(self._counts.totals(rids)) for model, rids in replicas.items()}
+
+    def capacity(self) -> dict[str, ModelCapacity]:
+        """Models that had waiting or refused requests since the last call (the routes
+        tick posts them to the control service), and starts a new interval. ``waiting``,
+        ``in_flight`` and ``slots`` are the router's (all workers), ``rejected`` and the
+        wait p90 this worker's."""
+        interval, self._interval = self._interval, {}
+        out: dict[str, ModelCapacity] = {}
+        for model, core in self._cores.items():
+            stats = interval.get(model, _Interval())
+            waiting = core.waiting(model)
+            if not (waiting or stats.queued or stats.rejected):
+                continue
+            rids = self._replicas.get(model, ())
+            with self._counts.locked():
+                *in_flight_at, waiting = self._counts.totals((*rids, _QUEUE + model))
+            in_flight = sum(in_flight_at)
+            waits = sorted(stats.waits)
+            p90 = waits[min(len(waits) - 1, math.ceil(0.9 * len(waits)) - 1)] if waits else 0.0
+            out[model] = ModelCapacity(
+                waiting=min(waiting, MAX_QUEUE), in_flight=min(in_flight, _BIG),
+                slots=min(sum(self._slots.get(model, {}).values()), _BIG),
+                rejected=min(stats.rejected, _BIG), wait_p90_s=min(max(p90, 0.0), 3600.0))
+        return out
+
+
+def _wake(ticket: Ticket) -> None:
+    if ticket.waiter is not None:
+        ticket.waiter.set()
