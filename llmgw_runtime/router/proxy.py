@@ -1,27 +1,24 @@
 """Forwarding one request to an engine replica, streaming its answer back.
 
-One urllib3 ``HTTPConnectionPool`` per upstream, made lazily in the worker (after gevent has
-patched). Streams pass through chunk by chunk as they arrive; a client that goes away
-closes the half-read upstream connection instead of returning it to the pool. A replica
-that cannot be connected to is marked down in this worker and handed to ``on_unreachable``
-(the router tells the control service on its next tick, never on the request's time).
+Connections come from :mod:`.upstream` (a keep-alive pool per upstream on geventhttpclient,
+made lazily in the worker after gevent has patched). Streams pass through chunk by chunk as
+they arrive; a client that goes away closes the half-read upstream connection instead of
+returning it to the pool. A replica that cannot be connected to is marked down in this
+worker and handed to ``on_unreachable`` (the router tells the control service on its next
+tick, never on the request's time).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
-from urllib.parse import urlsplit
 
-import urllib3
 from flask import Response
-from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError
-from urllib3.response import BaseHTTPResponse, HTTPResponse
 
 from .balancer import Balancer, Endpoint
 from .errors import ReplicasUnreachable, UpstreamError
+from .upstream import Answer, BrokeOff, FailedBeforeAnswer, Pools, Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +28,6 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
 # The client's API key is the router's business, not the engine's: it is never forwarded.
 _DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization"}
 _DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length"}
-# Failures where the upstream sent nothing yet: safe to try another replica. Only a
-# failure to connect marks the replica down: a reset of a reused keep-alive connection
-# can be a race with the engine closing it, and the retry tells the two apart.
-_BEFORE_FIRST_BYTE = (NewConnectionError, ProtocolError)
 REPLICA_HEADER = "X-Llmgw-Replica"     # names the replica that served (not a secret)
 
 
@@ -43,8 +36,8 @@ def upstream_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> 
     return {k: v for k, v in items if k.lower() not in _DROP_UP}
 
 
-def downstream_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in headers.items() if k.lower() not in _DROP_DOWN]
+def downstream_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers if k.lower() not in _DROP_DOWN]
 
 
 class Upstreams:
@@ -54,32 +47,11 @@ class Upstreams:
                  on_unreachable: Callable[[str, str], None] | None = None) -> None:
         self._balancer = balancer
         self._on_unreachable = on_unreachable
-        self._timeout = urllib3.Timeout(connect=min(10.0, timeout_s), read=timeout_s)
-        self._maxsize = maxsize
-        self._pools: dict[str, urllib3.HTTPConnectionPool] = {}
-        self._lock = threading.Lock()
-
-    def pool(self, url: str) -> urllib3.HTTPConnectionPool:
-        pool = self._pools.get(url)
-        if pool is None:
-            with self._lock:
-                pool = self._pools.get(url)
-                if pool is None:
-                    parts = urlsplit(url)
-                    cls = (urllib3.HTTPSConnectionPool if parts.scheme == "https"
-                           else urllib3.HTTPConnectionPool)
-                    pool = cls(parts.hostname or "127.0.0.1", parts.port,
-                               maxsize=self._maxsize, block=False, retries=False,
-                               timeout=self._timeout)
-                    self._pools[url] = pool
-        return pool
+        self._pools = Pools(timeout_s, maxsize)
 
     def forget_except(self, urls: set[str]) -> None:
         """Close pools of upstreams that left the routes table."""
-        with self._lock:
-            gone = [u for u in self._pools if u not in urls]
-            for url in gone:
-                self._pools.pop(url).close()
+        self._pools.forget_except(urls)
 
     def forward(self, model: str, endpoints: Sequence[Endpoint], path: str, body: bytes,
                 headers: dict[str, str], admit: Admit | None = None) -> Response:
@@ -106,32 +78,23 @@ class Upstreams:
             ep = slot.endpoint
             tried.append(ep.replica_id)
             try:
-                resp = self.pool(ep.url).urlopen(
-                    "POST", path, body=body, headers=headers, preload_content=False,
-                    decode_content=False, retries=False, redirect=False,
-                    assert_same_host=False)
-            except _BEFORE_FIRST_BYTE as exc:
+                answer = self._pools.post(ep.url, path, body, headers)
+            except (Unreachable, FailedBeforeAnswer) as exc:
                 slot.release()
-                failures.append(f"{ep.replica_id} ({ep.url}): {_describe(exc)}")
-                if isinstance(exc, NewConnectionError):
-                    self._unreachable(model, ep, _describe(exc))
+                failures.append(f"{ep.replica_id} ({ep.url}): {exc}")
+                if isinstance(exc, Unreachable):
+                    self._unreachable(model, ep, str(exc))
                 else:
                     unreachable_only = False
                     log.warning("replica %s of %s failed before answering (%s)",
-                                ep.replica_id, model, _describe(exc))
+                                ep.replica_id, model, exc)
                 continue
-            except HTTPError as exc:
-                slot.release()
-                raise UpstreamError(f"replica {ep.replica_id} of model '{model}' failed: "
-                                    f"{_describe(exc)}; retry the request, and check the "
-                                    "replica with `llmgw ctl status` if it persists",
-                                    ) from None
             except BaseException:
                 slot.release()
                 raise
             if admit is not None:
                 self._balancer.touch(ep.replica_id)
-            return self._respond(model, slot, resp)
+            return self._respond(model, slot, answer)
         if unreachable_only:
             raise ReplicasUnreachable(
                 f"no replica of model '{model}' could be reached from this router"
@@ -151,55 +114,36 @@ class Upstreams:
         if self._on_unreachable is not None:
             self._on_unreachable(ep.replica_id, why)
 
-    def _respond(self, model: str, slot: Slot, resp: BaseHTTPResponse) -> Response:
+    def _respond(self, model: str, slot: Slot, answer: Answer) -> Response:
         ep = slot.endpoint
-        ctype = resp.headers.get("content-type", "")
-        streaming = ("content-length" not in resp.headers
+        ctype = answer.header("content-type") or ""
+        streaming = (answer.header("content-length") is None
                      or ctype.startswith("text/event-stream"))
-        headers = downstream_headers(resp.headers)
+        headers = downstream_headers(answer.headers)
         headers.append((REPLICA_HEADER, ep.replica_id))
         if not streaming:
             try:
-                data = resp.read()
-            except HTTPError as exc:
-                resp.close()
+                data = answer.read()
+            except BrokeOff as exc:
                 raise UpstreamError(f"replica {ep.replica_id} of model '{model}' broke off its "
-                                    f"answer: {_describe(exc)}; retry the request") from None
+                                    f"answer: {exc}; retry the request") from None
             finally:
                 slot.release()
-            resp.release_conn()
-            return Response(data, status=resp.status, headers=headers)
+            return Response(data, status=answer.status, headers=headers)
         headers += [("X-Accel-Buffering", "no"), ("Cache-Control", "no-cache")]
-        out = Response(self._stream(slot, resp), status=resp.status, headers=headers,
+        out = Response(self._stream(slot, answer), status=answer.status, headers=headers,
                        direct_passthrough=True)
         out.call_on_close(slot.release)     # also when the stream never started
         return out
 
-    def _stream(self, slot: Slot, resp: BaseHTTPResponse) -> Iterator[bytes]:
-        complete = False
+    def _stream(self, slot: Slot, answer: Answer) -> Iterator[bytes]:
         try:
-            if (isinstance(resp, HTTPResponse) and resp.chunked
-                    and resp.supports_chunked_reads()):
-                for chunk in resp.read_chunked(decode_content=False):
-                    if chunk:
-                        yield chunk
-            else:
-                while True:
-                    chunk = resp.read1(65536, decode_content=False)
-                    if not chunk:
-                        break
-                    yield chunk
-            complete = True
-        except HTTPError as exc:
+            yield from answer.chunks()
+        except BrokeOff as exc:
             # Headers are already sent: the client sees a truncated stream.
-            log.warning("stream from replica %s broke off: %s", slot.endpoint.replica_id,
-                        _describe(exc))
+            log.warning("stream from replica %s broke off: %s", slot.endpoint.replica_id, exc)
         finally:
-            if complete:
-                resp.release_conn()
-            else:  # client went away or upstream broke: never reuse a half-read connection
-                resp.close()  # closes the socket too
-                resp.release_conn()
+            answer.close()     # a no-op after a complete answer; else never reuse it
             slot.release()
 
 
@@ -229,11 +173,3 @@ class _Counted:
         if not self._done:
             self._done = True
             self._balancer.release(self.endpoint.replica_id)
-
-
-def _describe(exc: BaseException) -> str:
-    reason = getattr(exc, "reason", None)
-    inner = reason if isinstance(reason, BaseException) else (exc.args[-1] if exc.args else None)
-    if isinstance(inner, BaseException):
-        return f"{type(exc).__name__}: {type(inner).__name__}: {inner}"[:300]
-    return f"{type(exc).__name__}: {exc}"[:300]
