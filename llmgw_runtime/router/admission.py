@@ -20,8 +20,18 @@ Order of service: a higher priority class first (``high``, ``normal``, ``low``; 
 a lower class waits while a higher one has tickets, up to ``max_wait_s``); within a class,
 round-robin over API keys (each request costs one turn: deficit round robin with equal
 costs), so a key that queued 20 requests cannot hold back a key that queued 2; within a
-key, first come first served. A freed slot goes to the next ticket; when several replicas
-have free slots, the ticket's prefix key picks one (:func:`.affinity.choose`).
+key, first come first served. A freed slot goes to the first ticket in that order that may
+take it.
+
+Prefix affinity: a request with a prefix key has a *home* replica, chosen by consistent
+hashing with bounded loads over what each replica serves and has waiting for it
+(:func:`.affinity.choose`). It is admitted only there, or waits for a slot there even when
+another replica has one free, for up to :data:`SPILL_SERVICES` mean service times (at most
+half of ``max_wait_s``); after that any free slot will do. Waiting a little for the replica
+that holds a conversation's prompt in its cache beats recomputing the whole prompt
+elsewhere; the bounded load keeps a hot prefix from piling onto one replica (its home moves
+on once it holds more than 1.25 times the mean load and more than twice its slots). A request without a prefix takes the
+replica with the most free slots.
 
 In-flight counts are per replica and outlive membership: a replica removed and listed
 again keeps the count of what it still serves, and slots that shrink below the in-flight
@@ -33,7 +43,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,6 +55,9 @@ PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 SERVICE_S_GUESS = 2.0     # a request's service time before any was measured
 SERVICE_ALPHA = 0.2       # weight of the newest service time in the moving average
 RETRY_AFTER_MAX_S = 60
+SPILL_SERVICES = 2.0      # a ticket waits for its home replica this many mean service times
+SCAN = 64                 # waiting tickets looked at for a free slot, at most
+KNOWN_SLOTS = 4096        # more slots than this: unknown (api.router.MAX_SLOTS)
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,8 @@ class Ticket:
     outcome: Admitted | Rejected | None = None
     cancelled: bool = False
     waiter: Any = None
+    home: str | None = None     # the replica its prefix belongs to: it waits for that one
+    spill_at: float = 0.0       # ... until then; after, any replica with a free slot
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,7 @@ class _Model:
     per_key: dict[str, int] = field(default_factory=dict)  # key -> tickets waiting
     waiting: int = 0
     service_s: float = SERVICE_S_GUESS
+    pinned: dict[str, int] = field(default_factory=dict)   # replica -> tickets waiting for it
 
 
 def _ignore(_: Ticket) -> None:
@@ -111,6 +127,9 @@ class Admission:
         self.max_wait_s = max_wait_s
         self.max_queue_per_key = max_queue_per_key
         self._on_decided = on_decided
+        # Requests other processes have in flight per replica (the shell sets it with the
+        # slots it passes): part of a replica's load when a prefix picks its home.
+        self.others: Mapping[str, int] = {}
         self._models: dict[str, _Model] = {}
         self._inflight: dict[str, int] = {}
         self._model_of: dict[str, str] = {}
@@ -162,13 +181,18 @@ class Admission:
         m = self._models[model]
         if not m.slots:
             return Rejected("no_replicas", 1)
+        if m.waiting:   # tickets whose wait for their home replica ended take slots first
+            self._dispatch(m, now)
         if m.waiting >= self.max_queue:   # make room of tickets overdue but not yet expired
             self._reject_where(m, lambda t: t.deadline <= now, "timeout")
-        if not m.waiting:
-            rid = self._free_replica(m, prefix)
-            if rid is not None:
-                self._inflight[rid] = self._inflight.get(rid, 0) + 1
-                return Admitted(rid)
+        home = None if prefix is None else choose(prefix, list(m.slots), self._loads(m),
+                                                  floor=self._floors(m))
+        # Every waiting ticket that could use a free slot has one (dispatch): a free slot
+        # left is one no waiting ticket may take, so the newcomer does not jump a turn.
+        rid = self._room_at(m, home) if home is not None else self._free_replica(m, None)
+        if rid is not None:
+            self._inflight[rid] = self._inflight.get(rid, 0) + 1
+            return Admitted(rid)
         if self.max_queue_per_key is not None and \
                 m.per_key.get(key_id, 0) >= self.max_queue_per_key:
             return Rejected("queue_full", self._retry_after(m))
@@ -179,7 +203,10 @@ class Admission:
             self._unqueue(m, victim, rotate=False)
             self._decide(victim, Rejected("queue_full", self._retry_after(m)), [])
         ticket = Ticket(next(self._ids), model, key_id, priority, prefix, now,
-                        now + self.max_wait_s)
+                        now + self.max_wait_s, home=home,
+                        spill_at=now + min(self.max_wait_s / 2, SPILL_SERVICES * m.service_s))
+        if home is not None:
+            m.pinned[home] = m.pinned.get(home, 0) + 1
         m.classes[priority].setdefault(key_id, deque()).append(ticket)
         m.per_key[key_id] = m.per_key.get(key_id, 0) + 1
         m.waiting += 1
@@ -216,11 +243,14 @@ class Admission:
         return []
 
     def expire(self, now: float) -> list[Ticket]:
-        """Refuse (``timeout``) every ticket whose ``max_wait_s`` has passed."""
+        """Refuse (``timeout``) every ticket whose ``max_wait_s`` has passed, and give free
+        slots to tickets whose wait for their home replica is over (the shell calls this
+        every few milliseconds while tickets wait)."""
         decided: list[Ticket] = []
         for m in self._models.values():
             if m.waiting:
                 decided += self._reject_where(m, lambda t: t.deadline <= now, "timeout")
+                decided += self._dispatch(m, now)
         return decided
 
     # -- inside -----------------------------------------------------------------------
@@ -254,22 +284,61 @@ class Admission:
         return choose(prefix, list(m.slots), self._inflight, m.slots)
 
     def _dispatch(self, m: _Model, now: float) -> list[Ticket]:
-        """Give free slots to waiting tickets, in order of service (one found overdue on
-        its turn is refused instead: its client has stopped waiting)."""
+        """Give free slots to waiting tickets, in order of service: the first ticket (at
+        most :data:`SCAN` looked at) that may take a free slot gets it: a ticket waiting
+        for its home replica takes only a slot there until its ``spill_at``. One found
+        overdue on the way is refused instead (its client has stopped waiting)."""
         decided: list[Ticket] = []
-        while m.waiting:
-            ticket = self._next(m)
-            if ticket.deadline <= now:
-                self._unqueue(m, ticket, rotate=False)
-                self._decide(ticket, Rejected("timeout", self._retry_after(m)), decided)
-                continue
-            rid = self._free_replica(m, ticket.prefix)
-            if rid is None:
-                break
-            self._unqueue(m, ticket, rotate=True)
-            self._inflight[rid] = self._inflight.get(rid, 0) + 1
-            self._decide(ticket, Admitted(rid), decided)
+        while m.waiting and any(n > self._inflight.get(rid, 0) for rid, n in m.slots.items()):
+            for ticket in self._in_order(m):
+                if ticket.deadline <= now:
+                    self._unqueue(m, ticket, rotate=False)
+                    self._decide(ticket, Rejected("timeout", self._retry_after(m)), decided)
+                    break
+                if ticket.home is not None and now < ticket.spill_at \
+                        and ticket.home in m.slots:
+                    rid = self._room_at(m, ticket.home)
+                else:
+                    rid = self._free_replica(m, ticket.prefix)
+                if rid is not None:
+                    self._unqueue(m, ticket, rotate=True)
+                    self._inflight[rid] = self._inflight.get(rid, 0) + 1
+                    self._decide(ticket, Admitted(rid), decided)
+                    break
+            else:
+                break     # no waiting ticket may take the free slots
         return decided
+
+    def _in_order(self, m: _Model) -> Iterator[Ticket]:
+        """Waiting tickets in order of service (the first :data:`SCAN`): by class, keys in
+        turn, each key's oldest first. The caller stops at its first change."""
+        seen = 0
+        for priority in PRIORITIES:
+            for tickets in m.classes[priority].values():
+                for ticket in tickets:
+                    yield ticket
+                    seen += 1
+                    if seen >= SCAN:
+                        return
+
+    def _room_at(self, m: _Model, rid: str) -> str | None:
+        return rid if m.slots.get(rid, 0) > self._inflight.get(rid, 0) else None
+
+    def _floors(self, m: _Model) -> dict[str, int]:
+        """Per replica: the load a home may always take, one round of waiting requests:
+        twice its slots (this router's, all workers); none for unknown slots."""
+        others = self.others
+        floors = {}
+        for rid, n in m.slots.items():
+            full = n + others.get(rid, 0)
+            floors[rid] = 2 * full if full <= KNOWN_SLOTS else 0
+        return floors
+
+    def _loads(self, m: _Model) -> dict[str, int]:
+        """Per replica: requests in flight and tickets waiting for it (bounded loads)."""
+        others = self.others
+        return {rid: self._inflight.get(rid, 0) + m.pinned.get(rid, 0) + others.get(rid, 0)
+                for rid in m.slots}
 
     def _next(self, m: _Model) -> Ticket:
         """The ticket served next: highest class, the key whose turn it is, its oldest."""
@@ -286,12 +355,17 @@ class Admission:
         tickets = queue.get(ticket.key_id)
         if tickets is None or ticket not in tickets:
             return False
-        head = tickets[0] is ticket
         tickets.remove(ticket)
         if not tickets:
             del queue[ticket.key_id]
-        elif head and rotate:
+        elif rotate:
             queue.move_to_end(ticket.key_id)
+        if ticket.home is not None:
+            left_home = m.pinned.get(ticket.home, 0) - 1
+            if left_home > 0:
+                m.pinned[ticket.home] = left_home
+            else:
+                m.pinned.pop(ticket.home, None)
         left = m.per_key[ticket.key_id] - 1
         if left:
             m.per_key[ticket.key_id] = left

@@ -143,6 +143,7 @@ class Gate:
                          for rid, other in zip(rids, others, strict=True)}
             # the queue bound is the router's: what the other workers' queues leave
             core.max_queue = max(0, max_queue - others_waiting)
+            core.others = dict(zip(rids, others, strict=True))
             decision = core.try_admit(model, key_id, priority, effective, now, prefix)
             self._sync(core, model, rids)
         if isinstance(decision, Admitted):
@@ -304,6 +305,7 @@ class Gate:
                 rids = self._replicas.get(model, ())
                 shares = self._slots.get(model, {})
                 others = counts.others(rids)
+                core.others = dict(zip(rids, others, strict=True))
                 core.update(model, {rid: max(0, shares[rid] - other)
                                     for rid, other in zip(rids, others, strict=True)}, now)
                 core.expire(now)

@@ -159,7 +159,8 @@ def _ring(replicas: tuple[str, ...]) -> tuple[list[int], list[str]]:
 
 
 def choose(key: bytes, replicas: Sequence[str], load: Mapping[str, int],
-           slots: Mapping[str, int] | None = None, c: float = LOAD_FACTOR) -> str:
+           slots: Mapping[str, int] | None = None, c: float = LOAD_FACTOR,
+           floor: Mapping[str, int] | None = None) -> str:
     """The replica for ``key`` among ``replicas`` (distinct ids; not empty).
 
     ``load``: outstanding requests per replica (missing means 0). ``slots``: a replica's
@@ -169,6 +170,9 @@ def choose(key: bytes, replicas: Sequence[str], load: Mapping[str, int],
     loads a key always gets the same replica. When none qualifies (every replica full), the
     one least over its slots (or least loaded), the earliest in walk order among equals.
     ``c`` >= 1 trades balance (1) against affinity (larger); KubeAI uses 1.25 too.
+    ``floor``: per replica, a load it may always take up to, whatever the mean (with a few
+    requests per replica, ``ceil(c * mean)`` rounds to "full" at once; admission passes
+    twice the replica's slots: one round of requests waiting for it).
     """
     n = len(replicas)
     if n == 0:
@@ -192,7 +196,8 @@ def choose(key: bytes, replicas: Sequence[str], load: Mapping[str, int],
         walked.append(rid)
         used = load.get(rid, 0)
         limit = slots.get(rid) if slots is not None else None
-        if used < share and (limit is None or used < limit):
+        bound = share if floor is None else max(share, floor.get(rid, 0))
+        if used < bound and (limit is None or used < limit):
             return rid
         if len(walked) == n:
             break

@@ -38,8 +38,9 @@ class Shell:
                                    now, prefix)
 
     def queue(self, key: str = "k", priority: Priority = "normal", now: float = 0.0,
-              replicas: dict[str, int] | None = None, model: str = "m") -> Ticket:
-        decision = self.admit(key, priority, now, replicas, model)
+              replicas: dict[str, int] | None = None, model: str = "m",
+              prefix: bytes | None = None) -> Ticket:
+        decision = self.admit(key, priority, now, replicas, model, prefix)
         assert isinstance(decision, Queued), decision
         return decision.ticket
 
@@ -91,7 +92,8 @@ def test_a_released_slot_goes_to_the_next_ticket_at_that_replica() -> None:
 
 
 def test_never_more_in_flight_than_slots_and_never_a_free_slot_while_tickets_wait() -> None:
-    """Random admissions, releases, cancels, expiries and replica-set changes."""
+    """Random admissions, releases, cancels, expiries and replica-set changes; tickets
+    with a prefix wait for their home replica for a while, the others take any slot."""
     rng = random.Random(16)
     shell = Shell(max_queue=30, max_wait_s=5.0)
     slots = {"r1": 3, "r2": 1, "r3": 2}
@@ -125,6 +127,7 @@ def test_never_more_in_flight_than_slots_and_never_a_free_slot_while_tickets_wai
             names = [r for r in ("r1", "r2", "r3", "r4") if rng.random() < 0.7]
             slots = {r: rng.randint(1, 3) for r in names}
             shell.core.update("m", slots, now)
+        shell.core.expire(now)       # the shell's poll, every few ms while tickets wait
         for t in shell.woken:        # what the shell does with each ticket decided later
             waiting.remove(t)
             outcomes[type(t.outcome).__name__] += 1
@@ -138,7 +141,13 @@ def test_never_more_in_flight_than_slots_and_never_a_free_slot_while_tickets_wai
         for replica in admitted_to:
             assert counts[replica] <= slots[replica]
         free = any(counts[r] < n for r, n in slots.items())
-        assert not (free and shell.core.waiting("m")), "a slot idles while tickets wait"
+
+        # A waiting ticket may take a free slot: at its home replica while it waits for
+        # that one, anywhere after.
+        may_take = [counts[t.home] < slots[t.home]
+                    if t.home is not None and now < t.spill_at and t.home in slots else free
+                    for t in waiting]
+        assert not any(may_take), "a slot idles while a ticket may take it"
         assert shell.core.waiting("m") == len(waiting) <= 30
         assert all(t.outcome is None for t in waiting)
     assert min(outcomes.values()) > 100, outcomes   # every path was taken
@@ -425,9 +434,13 @@ def test_a_prefix_goes_to_its_home_replica_while_it_has_room() -> None:
     assert key is not None
     home = choose(key, list(TWO), {})
     assert shell.admit(prefix=key) == Admitted(home)
-    assert shell.admit(prefix=key) == Admitted(home)       # share: ceil(1.25 * 2 / 2) = 2
+    assert shell.admit(prefix=key) == Admitted(home)
+    # Home full: the next ones wait for it (one round: up to its 2 slots) ...
+    waiting = [shell.admit(prefix=key) for _ in range(2)]
+    assert all(isinstance(w, Queued) and w.ticket.home == home for w in waiting)
     other = "r2" if home == "r1" else "r1"
-    assert shell.admit(prefix=key) == Admitted(other)      # home full: the other replica
+    # ... then its load (4) is both twice its slots and over ceil(1.25 * 5 / 2) = 4.
+    assert shell.admit(prefix=key) == Admitted(other)
 
 
 def test_a_waiting_ticket_with_a_prefix_takes_its_home_when_several_are_free() -> None:
@@ -439,6 +452,51 @@ def test_a_waiting_ticket_with_a_prefix_takes_its_home_when_several_are_free() -
     ticket = shell.queue(replicas=three)
     shell.core.update("m", {"r1": 2, "r2": 2, "r3": 2}, now=1.0)
     assert ticket.outcome == Admitted(home)
+
+
+def _busy_home(shell: Shell) -> tuple[bytes, str, str]:
+    """Two replicas of two slots: a conversation's prefix fills its home replica, one
+    other request runs at the other. Returns (prefix, home, other)."""
+    key = b"a long system prompt and the first question"
+    home = choose(key, ["r1", "r2"], {})
+    other = "r2" if home == "r1" else "r1"
+    for _ in range(2):
+        assert shell.admit("a", prefix=key) == Admitted(home)
+    assert shell.admit("b") == Admitted(other)
+    return key, home, other
+
+
+def test_a_conversation_waits_for_its_home_replica_rather_than_lose_its_cache() -> None:
+    shell = Shell(max_wait_s=30.0)
+    key, home, other = _busy_home(shell)
+    waiting = shell.admit("a", now=1.0, prefix=key)   # the other replica has a free slot
+    assert isinstance(waiting, Queued) and waiting.ticket.home == home
+    # A request with no prefix of its own takes the free slot meanwhile: no one waits for it.
+    assert shell.admit("c", now=1.5) == Admitted(other)
+    shell.core.release(home, now=2.0)
+    assert waiting.ticket.outcome == Admitted(home)
+
+
+def test_a_conversation_whose_home_stays_busy_spills_to_a_free_replica() -> None:
+    shell = Shell(max_wait_s=30.0)
+    key, home, other = _busy_home(shell)
+    ticket = shell.queue("a", now=1.0, prefix=key)
+    assert ticket.spill_at > 1.0
+    shell.core.expire(now=ticket.spill_at - 0.01)
+    assert ticket.outcome is None
+    shell.core.expire(now=ticket.spill_at)
+    assert ticket.outcome == Admitted(other)
+
+
+def test_a_hot_prefix_spreads_once_its_home_is_well_above_the_mean() -> None:
+    shell = Shell()
+    key = b"everyone's system prompt"
+    home = choose(key, ["r1", "r2", "r3"], {})
+    three = {"r1": 1, "r2": 1, "r3": 1}
+    assert shell.admit(prefix=key, replicas=three) == Admitted(home)
+    assert isinstance(shell.admit(prefix=key, replicas=three), Queued)   # load 2: its floor
+    spilled = shell.admit(prefix=key, replicas=three)    # 3 > 2 x slots and > ceil(1.25 x 4/3)
+    assert isinstance(spilled, Admitted) and spilled.replica != home
 
 
 # -- arguments ----------------------------------------------------------------------------
