@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from urllib.parse import urlsplit
 
 import gevent
+import gevent.queue
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed, HTTPSocketPoolResponse
 
@@ -157,7 +158,14 @@ class Pools:
         FailedBeforeAnswer (nothing of an answer arrived)."""
         client = self.client(url)
         try:
-            resp = client.request("POST", path, body=body, headers=dict(headers))
+            try:
+                resp = client.request("POST", path, body=body, headers=dict(headers))
+            except (HTTPConnectionClosed, ConnectionResetError, BrokenPipeError):
+                # A kept-alive connection the engine closed as it was reused (llama.cpp
+                # closes idle ones after 5 s): the others idle as long are likely closed
+                # too. Drop them and send once more, on a new connection.
+                _drop_idle(client)
+                resp = client.request("POST", path, body=body, headers=dict(headers))
         except (ConnectionRefusedError, socket.gaierror) as exc:
             raise Unreachable(describe(exc)) from None
         except OSError as exc:
@@ -167,3 +175,17 @@ class Pools:
         except (HTTPConnectionClosed, gevent.Timeout) as exc:
             raise FailedBeforeAnswer(describe(exc)) from None
         return Answer(resp)
+
+
+def _drop_idle(client: HTTPClient) -> None:
+    """Close the idle connections of ``client``'s pool (its free places stay free)."""
+    queue = client._connection_pool._socket_queue
+    while not queue.empty():
+        try:
+            sock = queue.get(block=False)
+        except gevent.queue.Empty:
+            break
+        try:
+            sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,77 @@
+"""The router's upstream client (router/upstream.py) against a real socket server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from llmgw_runtime.router.upstream import Pools, Unreachable
+
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def _read_request(conn: socket.socket) -> bool:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        part = conn.recv(65536)
+        if not part:
+            return False
+        data += part
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += conn.recv(65536)
+    return True
+
+
+@pytest.fixture()
+def closes_reused() -> Iterator[tuple[str, list[int]]]:
+    """A server that answers the first request of each connection and closes the
+    connection, unanswered, when a second request arrives on it: what a kept-alive
+    connection looks like when the engine closed it as it was being reused."""
+    server = socket.create_server(("127.0.0.1", 0))
+    answered: list[int] = []
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            if _read_request(conn):
+                conn.sendall(ANSWER)
+                answered.append(1)
+                _read_request(conn)     # the reuse: closed without an answer
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}", answered
+    finally:
+        server.close()
+
+
+def test_a_reused_connection_the_engine_closed_is_sent_again_on_a_new_one(
+        closes_reused: tuple[str, list[int]]) -> None:
+    url, answered = closes_reused
+    pools = Pools(timeout_s=10)
+    for _ in range(3):
+        answer = pools.post(url, "/v1/chat/completions", b'{"model": "m"}',
+                            {"Content-Type": "application/json"})
+        assert answer.status == 200 and answer.read() == b"{}"
+    assert len(answered) == 3
+
+
+def test_a_port_nobody_listens_on_is_unreachable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(Unreachable, match="ConnectionRefused"):
+        Pools(timeout_s=5).post(f"http://127.0.0.1:{port}", "/", b"", {})
