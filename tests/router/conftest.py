@@ -3,6 +3,7 @@ thread), and the real router served by ``serve.run`` in a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -115,22 +116,30 @@ def control(engines: dict[str, str], dead_url: str) -> Iterator[Control]:
     ctl.stop()
 
 
+@contextlib.contextmanager
+def running_router(control_url: str, workers: int) -> Iterator[str]:
+    """The real router (serve.run in a subprocess) with ``workers`` gevent workers, API keys
+    required, a fast routes refresh; stopped on leaving."""
+    proc, url = harness.start_router(control_url, ROUTER_TOKEN, workers=workers,
+                                     refresh_interval_s=0.2, activation_timeout_s=2.0)
+    try:
+        yield url
+    finally:
+        harness.stop(proc)
+
+
 @pytest.fixture(scope="session")
 def router(control: FakeControl) -> Iterator[str]:
-    """The real router: serve.run in a subprocess, 2 gevent workers, API keys required."""
-    proc, url = harness.start_router(control.url, ROUTER_TOKEN, workers=2,
-                                     refresh_interval_s=0.2, activation_timeout_s=2.0)
-    yield url
-    harness.stop(proc)
+    """The real router with 2 gevent workers."""
+    with running_router(control.url, workers=2) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
 def router_one(control: FakeControl) -> Iterator[str]:
     """One gevent worker, so one balancer sees every request (balancing tests)."""
-    proc, url = harness.start_router(control.url, ROUTER_TOKEN, workers=1,
-                                     refresh_interval_s=0.2, activation_timeout_s=2.0)
-    yield url
-    harness.stop(proc)
+    with running_router(control.url, workers=1) as url:
+        yield url
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import requests
 
 from llmgw_runtime.security import hash_token
 
-from .conftest import ROUTER_TOKEN, Control
+from .conftest import ROUTER_TOKEN, Control, running_router
 
 KEY_A, KEY_B, KEY_HIGH = "sk-llmgw-key-a", "sk-llmgw-key-b", "sk-llmgw-key-high"
 KEYS = {"A": KEY_A, "B": KEY_B, "H": KEY_HIGH}
@@ -62,19 +62,15 @@ def ctl(engines: dict[str, str]) -> Iterator[Control]:
 @pytest.fixture(scope="module")
 def router2(ctl: Control) -> Iterator[str]:
     """Two gevent workers: what the slot limits must hold across."""
-    proc, url = harness.start_router(ctl.url, ROUTER_TOKEN, workers=2,
-                                     refresh_interval_s=0.2, activation_timeout_s=2.0)
-    yield url
-    harness.stop(proc)
+    with running_router(ctl.url, workers=2) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def router1(ctl: Control) -> Iterator[str]:
     """One worker: the order of service is exact (fairness and priority are per worker)."""
-    proc, url = harness.start_router(ctl.url, ROUTER_TOKEN, workers=1,
-                                     refresh_interval_s=0.2, activation_timeout_s=2.0)
-    yield url
-    harness.stop(proc)
+    with running_router(ctl.url, workers=1) as url:
+        yield url
 
 
 def reset(engine_url: str) -> None:
