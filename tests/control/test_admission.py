@@ -137,6 +137,44 @@ def test_a_model_reported_at_capacity_is_at_capacity_in_the_status(api: Api) -> 
     assert 'class="at-capacity" title="6 waiting, 7 refused' in models
 
 
+GOOD = {"waiting": 1, "in_flight": 2, "slots": 2, "rejected": 0, "wait_p90_s": 0.5}
+
+
+@pytest.mark.parametrize("capacity", [
+    {"tiny": {**GOOD, "waiting": "6"}},                  # wrong type
+    {"tiny": {**GOOD, "waiting": -1}},
+    {"tiny": {**GOOD, "waiting": 10**9}},                # huge
+    {"tiny": {**GOOD, "rejected": 2**60}},
+    {"tiny": {**GOOD, "wait_p90_s": 1e300}},
+    {"tiny": {**GOOD, "slots": 2.5}},
+    {"tiny": {**GOOD, "in_flight": True}},
+    {"tiny": {**GOOD, "extra": 1}},                      # unknown field
+    {"tiny": {**GOOD, "waiting": {"nested": [1]}}},      # nested
+    {"tiny\x1b[31m": GOOD},                              # an escape sequence in the name
+    {"x" * 201: GOOD},                                    # a name too long
+    {"tiny": [GOOD]},
+    [GOOD],
+])
+def test_a_hostile_capacity_report_is_a_400_and_nothing_is_stored(
+        api: Api, capacity: Any) -> None:
+    rid = ready(api)
+    resp = api.call("POST", "/api/v1/idle", ROUTER,
+                    json={"replicas": {rid: 0.5}, "capacity": capacity})
+    assert resp.status_code == 400, resp.json
+    assert any(d.startswith("capacity") for d in resp.json["error"]["details"])
+    assert api.call("GET", "/api/v1/status").json["at_capacity"] == []
+
+
+def test_a_non_finite_wait_in_a_capacity_report_is_a_400(api: Api) -> None:
+    rid = ready(api)
+    body = ('{"replicas": {"%s": 0.5}, "capacity": {"tiny": {"waiting": 1, "in_flight": 2, '
+            '"slots": 2, "rejected": 0, "wait_p90_s": NaN}}}' % rid)
+    resp = api.call("POST", "/api/v1/idle", ROUTER, data=body,
+                    headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400
+    assert api.call("GET", "/api/v1/status").json["at_capacity"] == []
+
+
 def test_an_idle_map_without_capacity_is_still_accepted(api: Api) -> None:
     rid = ready(api)
     resp = api.call("POST", "/api/v1/idle", ROUTER, json={"replicas": {rid: 1.0}})

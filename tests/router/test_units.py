@@ -96,6 +96,51 @@ def test_parse_table_keeps_first_seen_and_rejects_bad_shape() -> None:
         parse_table({"nope": 1}, 0.0)
 
 
+def _table_with(model: dict[str, object] | None = None, endpoint: dict[str, object] | None = None,
+                **top: object) -> dict[str, object]:
+    ep = {"replica_id": "r1", "url": "http://h:1/", "slots": 2, **(endpoint or {})}
+    m = {"name": "m", "state": "ready", "endpoints": [ep], **(model or {})}
+    return {"models": [m], "api_key_hashes": ["ab" * 32], **top}
+
+
+def test_parse_table_carries_slots_routing_queue_and_key_priorities() -> None:
+    table = parse_table(_table_with({"routing": "least-outstanding", "max_queue": 0,
+                                     "max_wait_s": 2.5},
+                                    key_priorities={"ab" * 32: "high"}), 0.0)
+    route = table.models["m"]
+    assert route.endpoints == (Endpoint("r1", "http://h:1", 2),)
+    assert (route.routing, route.max_queue, route.max_wait_s) == ("least-outstanding", 0, 2.5)
+    assert table.key_priorities == {"ab" * 32: "high"}
+    plain = parse_table(_table_with(endpoint={"slots": None}), 0.0).models["m"]
+    assert plain.endpoints[0].slots is None and plain.routing == "prefix-affinity"
+
+
+@pytest.mark.parametrize("doc", [
+    _table_with(endpoint={"slots": 0}),
+    _table_with(endpoint={"slots": 5000}),                 # huge
+    _table_with(endpoint={"slots": "2"}),                  # wrong type
+    _table_with(endpoint={"slots": 2.5}),
+    _table_with(endpoint={"slots": True}),
+    _table_with(endpoint={"slots": [2]}),                  # nested
+    _table_with({"routing": "sticky"}),
+    _table_with({"routing": "prefix-affinity\x1b[31m"}),   # an escape sequence
+    _table_with({"max_queue": -1}),
+    _table_with({"max_queue": 10**9}),
+    _table_with({"max_wait_s": 0}),
+    _table_with({"max_wait_s": 1e300}),
+    _table_with({"max_wait_s": float("nan")}),             # non-finite
+    _table_with({"max_wait_s": float("inf")}),
+    _table_with(key_priorities={"ab" * 32: "urgent"}),
+    _table_with(key_priorities={"not-a-hash": "high"}),
+    _table_with(key_priorities=["ab" * 32]),
+])
+def test_a_routes_table_with_a_hostile_admission_field_is_refused_whole(doc: object) -> None:
+    """The router keeps its last good table (RoutesCache) rather than route by a table
+    whose slots, routing, queue bounds or key priorities are out of range."""
+    with pytest.raises(ValueError, match="malformed"):
+        parse_table(doc, 0.0)
+
+
 def test_balancer_skips_a_replica_marked_down_until_the_table_drops_it_or_it_cools() -> None:
     now = [1000.0]
     b = Balancer(clock=lambda: now[0])
