@@ -167,8 +167,8 @@ def test_a_hostile_capacity_report_is_a_400_and_nothing_is_stored(
 
 def test_a_non_finite_wait_in_a_capacity_report_is_a_400(api: Api) -> None:
     rid = ready(api)
-    body = ('{"replicas": {"%s": 0.5}, "capacity": {"tiny": {"waiting": 1, "in_flight": 2, '
-            '"slots": 2, "rejected": 0, "wait_p90_s": NaN}}}' % rid)
+    body = ('{"replicas": {"' + rid + '": 0.5}, "capacity": {"tiny": {"waiting": 1, '
+            '"in_flight": 2, "slots": 2, "rejected": 0, "wait_p90_s": NaN}}}')
     resp = api.call("POST", "/api/v1/idle", ROUTER, data=body,
                     headers={"Content-Type": "application/json"})
     assert resp.status_code == 400
