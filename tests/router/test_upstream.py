@@ -39,8 +39,8 @@ def closes_reused() -> Iterator[tuple[str, list[int]]]:
     def serve(conn: socket.socket) -> None:
         with conn:
             if _read_request(conn):
+                answered.append(1)      # before the answer: the client may finish first
                 conn.sendall(ANSWER)
-                answered.append(1)
                 _read_request(conn)     # the reuse: closed without an answer
 
     def accept() -> None:
