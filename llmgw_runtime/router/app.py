@@ -16,20 +16,17 @@ from urllib.parse import urlsplit
 from flask import Blueprint, Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from ..api.jsonlimits import JsonTooDeep, loads_bounded
 from ..api.states import ModelState
+from ..control.throttle import ROUTER, Throttle, retry_after
 from ..security import bearer, hash_token
 from ..settings import load
 from .admit import Gate, Lease, client_gone
 from .affinity import prefix_key
 from .balancer import Balancer, Endpoint
-from .body import _too_large, read_body, refuse_declared_too_large
+from .body import _too_large
 from .config import RouterConfig
 from .errors import (
     InvalidApiKey,
-    InvalidJson,
-    InvalidRequest,
-    ModelAtCapacity,
     ModelFailing,
     ModelNotFound,
     ModelNotReady,
@@ -39,20 +36,20 @@ from .errors import (
     NotControlService,
     ReplicasUnreachable,
     RouterError,
+    TooManyFailedKeys,
     UpstreamError,
     error_body,
 )
-from .metrics import CONTENT_TYPE, UNKNOWN_MODEL, MetricsMiddleware, RouterMetrics
+from .metrics import CONTENT_TYPE, MetricsMiddleware, RouterMetrics
 from .openapi import openapi_document
-from .proxy import Admit, Upstreams, upstream_headers
+from .proxy import Admit, Answered, Upstreams, upstream_headers
 from .routes import ControlClient, ModelRoute, RoutesCache, RoutesTable
+from .wsgi import MAX_MODEL_NAME, ProxiedRoutes, retry_after_s
 
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 _ACTIVATE_STATES = (ModelState.STARTING, ModelState.ACTIVATING, ModelState.IDLE)
-MAX_JSON_DEPTH = 64        # arrays and objects in a request body
-MAX_MODEL_NAME = 200       # characters of 'model', as catalog names
 KEY_ID = "llmgw.key_id"     # in the environ: the API key's sha256 (the fairness key), or "-"
 
 
@@ -73,6 +70,7 @@ class RouterState:
         self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s,
                                    on_unreachable=self.routes.report_unreachable)
         self._activated: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.key_throttle = Throttle(ROUTER)
 
     def _on_table(self, table: RoutesTable) -> None:
         self.balancer.forget_except(table.replica_ids())
@@ -100,34 +98,21 @@ class RouterState:
                                 "and that the router token is right")
         return table
 
-    def check_api_key(self, table: RoutesTable) -> None:
+    def check_api_key(self, table: RoutesTable, environ: dict[str, Any]) -> None:
         """The request's API key must be one of the table's; an address that sent many
         wrong keys is refused (429, Retry-After) for a growing while before any check
         (control/throttle.py: per worker process, by TCP peer address, not
         X-Forwarded-For)."""
-        from flask import after_this_request
-
-        from ..control.throttle import ROUTER, Throttle, retry_after
-        from .errors import TooManyFailedKeys
-
-        request.environ[KEY_ID] = "-"
+        environ[KEY_ID] = "-"
         if not self.config.require_api_key:
             return
-        guesses: Throttle | None = getattr(self, "key_throttle", None)
-        if guesses is None:
-            guesses = self.key_throttle = Throttle(ROUTER)
-        address, now = request.remote_addr or "-", time.monotonic()
-        wait = guesses.wait_s(address, now)
+        address, now = environ.get("REMOTE_ADDR") or "-", time.monotonic()
+        wait = self.key_throttle.wait_s(address, now)
         if wait > 0:
-            def retry_header(resp: Response) -> Response:
-                resp.headers["Retry-After"] = retry_after(wait)
-                return resp
-
-            after_this_request(retry_header)
             raise TooManyFailedKeys(f"too many requests with a wrong API key from your "
                                     f"address; retry after {retry_after(wait)} s with a "
                                     "valid key", retry_after_s=wait)
-        key = bearer(request.headers.get("Authorization"))
+        key = bearer(environ.get("HTTP_AUTHORIZATION"))
         if not table.api_key_hashes:
             raise InvalidApiKey("this router requires an API key and none is configured: "
                                 "create one with `llmgw ctl keys create NAME` and send it as "
@@ -135,14 +120,14 @@ class RouterState:
         if key is None:
             raise InvalidApiKey("no API key: send `Authorization: Bearer <key>`; create a key "
                                 "with `llmgw ctl keys create NAME`")
-        key_id = request.environ[KEY_ID] = hash_token(key)
+        key_id = environ[KEY_ID] = hash_token(key)
         if key_id not in table.api_key_hashes:
-            if guesses.failed(address, now):
+            if self.key_throttle.failed(address, now):
                 log.warning("repeated wrong API keys from %s; refusing it for a while",
                             address)
             raise InvalidApiKey("the API key is not valid: use a key made with "
                                 "`llmgw ctl keys create NAME` (keys are shown only once)")
-        guesses.succeeded(address)
+        self.key_throttle.succeeded(address)
 
     def _activate(self, model: str) -> dict[str, Any]:
         """Ask control to start ``model``; concurrent requests share one call a second."""
@@ -222,14 +207,14 @@ class RouterState:
                             "ready; retry shortly, `llmgw ctl status` shows the replicas' "
                             "state")
 
-    def forward(self, model: str, route: ModelRoute, path: str, body: bytes,
-                doc: dict[str, Any], table: RoutesTable) -> Response:
+    def forward(self, environ: dict[str, Any], model: str, route: ModelRoute, path: str,
+                body: bytes, doc: dict[str, Any], table: RoutesTable) -> Answered:
         """Proxy to the route's replicas, each request admitted to a slot first (admit.py).
         When none could be connected to (nothing reached an engine), wait once for what
         the control service makes of it (another replica, or an honest refusal) instead of
         answering 502 at once."""
-        headers = upstream_headers(request.headers.items())
-        admit = self._admitter(model, doc, table)
+        headers = upstream_headers(environ)
+        admit = self._admitter(environ, model, doc, table)
         try:
             return self.upstreams.forward(model, route.endpoints, path, body, headers,
                                           admit(route))
@@ -239,12 +224,11 @@ class RouterState:
         return self.upstreams.forward(model, route.endpoints, path, body, headers,
                                       admit(route))
 
-    def _admitter(self, model: str, doc: dict[str, Any], table: RoutesTable
-                  ) -> Callable[[ModelRoute], Admit]:
+    def _admitter(self, environ: dict[str, Any], model: str, doc: dict[str, Any],
+                  table: RoutesTable) -> Callable[[ModelRoute], Admit]:
         """What admits this request to a slot of a route's endpoints: its API key (the
         fairness key), the key's priority, its prefix key when the model routes by
         prefix affinity, and a check that its client is still there."""
-        environ = request.environ
         key_id = environ.get(KEY_ID) or "-"
         priority = table.key_priorities.get(key_id, "normal")
         gate = self.gate
@@ -295,72 +279,20 @@ def _error_response(exc: RouterError) -> Response:
     RouterMetrics.error_answered(request.environ, exc.code)
     resp = jsonify(exc.body())
     resp.status_code = exc.status
-    if isinstance(exc, ModelFailing | ModelAtCapacity):
-        resp.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    wait = retry_after_s(exc)
+    if wait is not None:
+        resp.headers["Retry-After"] = retry_after(wait)
     return resp
-
-
-def _json_kind(value: Any) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool) or value is None:
-        return "true, false or null"
-    return "a number"
 
 
 def _openai_blueprint(state: RouterState) -> Blueprint:
     bp = Blueprint("openai", __name__)
     bp.register_error_handler(RouterError, _error_response)
 
-    def proxy(path: str) -> Response:
-        limit = state.config.max_body_bytes
-        refuse_declared_too_large(limit)
-        table = state.current_table()
-        state.check_api_key(table)
-        body = read_body(limit)
-        try:
-            doc = loads_bounded(body, max_depth=MAX_JSON_DEPTH)
-        except JsonTooDeep as exc:
-            raise InvalidRequest(f"{exc} (the router's limit is {MAX_JSON_DEPTH} levels)"
-                                 ) from None
-        except ValueError as exc:
-            raise InvalidJson(f"the request body is not valid JSON ({exc}); send a JSON object "
-                              "in UTF-8 with Content-Type: application/json") from None
-        if not isinstance(doc, dict):
-            raise InvalidRequest("the request body must be a JSON object with a 'model' field, "
-                                 f"not {_json_kind(doc)}")
-        model = doc.get("model")
-        if not isinstance(model, str) or not model:
-            raise InvalidRequest("'model' is missing or not a string; set it to one of the ids "
-                                 "GET /v1/models lists", param="model")
-        if len(model) > MAX_MODEL_NAME:
-            raise InvalidRequest(f"'model' is {len(model)} characters long; model names have at "
-                                 f"most {MAX_MODEL_NAME}: set it to one of the ids GET /v1/models "
-                                 "lists", param="model")
-        table = state.table_for(model, table)
-        state.metrics.model_named(request.environ,
-                                  model if model in table.models else UNKNOWN_MODEL)
-        route = state.resolve(model, table)
-        return state.forward(model, route, path, body, doc, table)
-
-    @bp.post("/v1/chat/completions")
-    def chat_completions() -> Response:
-        return proxy("/v1/chat/completions")
-
-    @bp.post("/v1/completions")
-    def completions() -> Response:
-        return proxy("/v1/completions")
-
-    @bp.post("/v1/embeddings")
-    def embeddings() -> Response:
-        return proxy("/v1/embeddings")
-
     @bp.get("/v1/models")
     def models() -> Response:
         table = state.current_table()
-        state.check_api_key(table)
+        state.check_api_key(table, request.environ)
         return jsonify({"object": "list", "data": [model_entry(table, name)
                                                    for name in sorted(table.models)]})
 
@@ -369,7 +301,7 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
         """One model, as in the list (the openai client's ``models.retrieve``); a model
         added a moment ago is looked up again before the 404, as for a request."""
         table = state.current_table()
-        state.check_api_key(table)
+        state.check_api_key(table, request.environ)
         if len(model_id) <= MAX_MODEL_NAME:
             table = state.table_for(model_id, table)
         if model_id not in table.models:
@@ -463,7 +395,8 @@ def create_app(config: RouterConfig | None = None) -> Flask:
                 resp.headers[name] = value
         return resp
 
-    app.wsgi_app = MetricsMiddleware(app.wsgi_app, state.metrics)  # type: ignore[method-assign]
+    app.wsgi_app = MetricsMiddleware(  # type: ignore[method-assign]
+        ProxiedRoutes(state, app.wsgi_app), state.metrics)
     return app
 
 

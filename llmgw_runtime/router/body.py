@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import request
+from typing import Any
 
 from .errors import RequestTooLarge
 
@@ -20,19 +20,24 @@ def _too_large(limit: int, size: int | None = None) -> RequestTooLarge:
                            "smaller request, or have the operator raise LLMGW_MAX_BODY_MB")
 
 
-def refuse_declared_too_large(limit: int) -> None:
-    """Raise RequestTooLarge, before anything is read, when Content-Length exceeds ``limit``."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise _too_large(limit, length)
+def content_length(environ: dict[str, Any]) -> int | None:
+    """The request's Content-Length, or None when absent or not a whole number >= 0 (as
+    werkzeug reads it)."""
+    value = environ.get("CONTENT_LENGTH")
+    if not value:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        return None
+    return length if length >= 0 else None
 
 
-def read_body(limit: int) -> bytes:
+def read_body(environ: dict[str, Any], limit: int) -> bytes:
     """The request body, never holding more than ``limit`` + 64 KiB of it: a Content-Length
     above the limit is refused unread, a body without one (chunked) is read up to one byte
     past the limit and refused there."""
-    environ = request.environ
-    length = request.content_length
+    length = content_length(environ)
     if length is not None and length > limit:
         raise _too_large(limit, length)
     if length is None and not environ.get("wsgi.input_terminated"):

@@ -98,6 +98,19 @@ class RouterMetrics:
         # llmgw_router_slots_in_use{model}: read at scrape time (admit.Gate.slots_in_use)
         self.slots_in_use_source: Callable[[], dict[str, int]] | None = None
         self.registry.register(_SlotsInUse(self))
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept: labels() takes a lock and checks its values
+        each call, a few microseconds on every request. Label values are models of the
+        routes table (or ``(unknown)``), status and error codes: few."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) > 10_000:     # a catalog that churns names: start over
+                self._children.clear()
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -108,7 +121,7 @@ class RouterMetrics:
         """The request is for ``label`` (a routed model or ``(unknown)``): in flight now."""
         if _MODEL not in environ:
             environ[_MODEL] = label
-            self.in_flight.labels(label).inc()
+            self.child(self.in_flight, label).inc()
 
     @staticmethod
     def error_answered(environ: dict[str, Any], code: str) -> None:
@@ -119,16 +132,16 @@ class RouterMetrics:
     def finished(self, environ: dict[str, Any], status: str, duration_s: float) -> None:
         model = environ.get(_MODEL)
         label = model or UNKNOWN_MODEL
-        self.requests.labels(label, status).inc()
-        self.duration.labels(label).observe(duration_s)
+        self.child(self.requests, label, status).inc()
+        self.child(self.duration, label).observe(duration_s)
         error = environ.get(_ERROR)
         if error:
-            self.errors.labels(label, error).inc()
+            self.child(self.errors, label, error).inc()
         if model is not None:
-            self.in_flight.labels(model).dec()
+            self.child(self.in_flight, model).dec()
 
     def first_byte(self, environ: dict[str, Any], ttfb_s: float) -> None:
-        self.ttfb.labels(environ.get(_MODEL) or UNKNOWN_MODEL).observe(ttfb_s)
+        self.child(self.ttfb, environ.get(_MODEL) or UNKNOWN_MODEL).observe(ttfb_s)
 
 
 class _SlotsInUse(Collector):
@@ -190,7 +203,8 @@ class _Observed:
         self._closed = False
 
     def __iter__(self) -> _Observed:
-        self._it = iter(self._body)
+        if self._it is None:     # once: a server may call iter() on it again
+            self._it = iter(self._body)
         return self
 
     def __next__(self) -> bytes:

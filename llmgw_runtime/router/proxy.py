@@ -11,10 +11,8 @@ tick, never on the request's time).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
-
-from flask import Response
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from .balancer import Balancer, Endpoint
 from .errors import ReplicasUnreachable, UpstreamError
@@ -31,9 +29,29 @@ _DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length"}
 REPLICA_HEADER = "X-Llmgw-Replica"     # names the replica that served (not a secret)
 
 
-def upstream_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
-    items = headers.items() if isinstance(headers, Mapping) else headers
-    return {k: v for k, v in items if k.lower() not in _DROP_UP}
+# environ key -> header name, or None when not forwarded (bounded: clients name headers)
+_UP_NAMES: dict[str, str | None] = {}
+_MAX_NAMES = 1000
+
+
+def upstream_headers(environ: dict[str, Any]) -> dict[str, str]:
+    """The client's request headers (from the WSGI environ) that go on to the engine."""
+    out: dict[str, str] = {}
+    for key, value in environ.items():
+        if key.startswith("HTTP_") or key == "CONTENT_TYPE":
+            name = _UP_NAMES.get(key, "")
+            if name == "":
+                name = _header_name(key)
+                if len(_UP_NAMES) < _MAX_NAMES:
+                    _UP_NAMES[key] = name
+            if name is not None:
+                out[name] = value
+    return out
+
+
+def _header_name(key: str) -> str | None:
+    name = "Content-Type" if key == "CONTENT_TYPE" else key[5:].replace("_", "-").title()
+    return None if name.lower() in _DROP_UP else name
 
 
 def downstream_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -54,7 +72,7 @@ class Upstreams:
         self._pools.forget_except(urls)
 
     def forward(self, model: str, endpoints: Sequence[Endpoint], path: str, body: bytes,
-                headers: dict[str, str], admit: Admit | None = None) -> Response:
+                headers: dict[str, str], admit: Admit | None = None) -> Answered:
         """POST ``body`` to an endpoint not marked down: the one ``admit`` gives a slot at
         (admission: it may wait, or raise a 429), or without it the least busy one. A
         failure before the first byte is tried once more, admitted again (on another
@@ -114,7 +132,7 @@ class Upstreams:
         if self._on_unreachable is not None:
             self._on_unreachable(ep.replica_id, why)
 
-    def _respond(self, model: str, slot: Slot, answer: Answer) -> Response:
+    def _respond(self, model: str, slot: Slot, answer: Answer) -> Answered:
         ep = slot.endpoint
         ctype = answer.header("content-type") or ""
         streaming = (answer.header("content-length") is None
@@ -129,22 +147,44 @@ class Upstreams:
                                     f"answer: {exc}; retry the request") from None
             finally:
                 slot.release()
-            return Response(data, status=answer.status, headers=headers)
+            headers.append(("Content-Length", str(len(data))))
+            return Answered(answer.status, headers, [data])
         headers += [("X-Accel-Buffering", "no"), ("Cache-Control", "no-cache")]
-        out = Response(self._stream(slot, answer), status=answer.status, headers=headers,
-                       direct_passthrough=True)
-        out.call_on_close(slot.release)     # also when the stream never started
-        return out
+        return Answered(answer.status, headers, _Stream(slot, answer))
 
-    def _stream(self, slot: Slot, answer: Answer) -> Iterator[bytes]:
+
+class Answered(NamedTuple):
+    """An engine's answer, for the WSGI server: status, headers, body (an iterable whose
+    ``close``, when it has one, the server calls at the end)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: Iterable[bytes]
+
+
+class _Stream:
+    """A streamed answer passed through chunk by chunk; its slot is given back when the
+    server closes it (also when the stream never started: the client went away first)."""
+
+    __slots__ = ("_slot", "_answer")
+
+    def __init__(self, slot: Slot, answer: Answer) -> None:
+        self._slot = slot
+        self._answer = answer
+
+    def __iter__(self) -> Iterator[bytes]:
         try:
-            yield from answer.chunks()
+            yield from self._answer.chunks()
         except BrokeOff as exc:
             # Headers are already sent: the client sees a truncated stream.
-            log.warning("stream from replica %s broke off: %s", slot.endpoint.replica_id, exc)
+            log.warning("stream from replica %s broke off: %s",
+                        self._slot.endpoint.replica_id, exc)
+
+    def close(self) -> None:
+        try:
+            self._answer.close()   # a no-op after a complete answer; else never reuse it
         finally:
-            answer.close()     # a no-op after a complete answer; else never reuse it
-            slot.release()
+            self._slot.release()
 
 
 class Slot(Protocol):

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmgw_runtime.router.upstream import Pools, Unreachable
+from llmgw_runtime.router.upstream import BrokeOff, Pools, Unreachable
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -75,3 +75,37 @@ def test_a_port_nobody_listens_on_is_unreachable() -> None:
         port = probe.getsockname()[1]
     with pytest.raises(Unreachable, match="ConnectionRefused"):
         Pools(timeout_s=5).post(f"http://127.0.0.1:{port}", "/", b"", {})
+
+
+@pytest.fixture()
+def stalls() -> Iterator[str]:
+    """A server that starts a chunked stream, sends one chunk and then nothing."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if _read_request(conn):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n6\r\ndata: \r\n")
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+def test_a_stream_that_stalls_past_the_timeout_breaks_off(stalls: str) -> None:
+    answer = Pools(timeout_s=0.5).post(stalls, "/v1/chat/completions", b"{}", {})
+    chunks = answer.chunks()
+    assert next(chunks) == b"data: "
+    with pytest.raises(BrokeOff, match="no data from the engine for 0.5 s"):
+        next(chunks)

@@ -1,0 +1,148 @@
+"""The proxied routes (``POST /v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``) as plain WSGI, in front of the Flask app that serves everything else.
+
+These three carry nearly all of a router's traffic, and Flask's request and response
+objects, URL matching and hooks cost a tenth of the router's CPU per request on them
+(measured with py-spy under ``../shared/bench-proxy``); what the route does needs none of
+it: read the body within the limit, parse it strictly, check the key, resolve the model,
+admit, forward. Errors are answered in the same OpenAI shape as the Flask routes'
+(:func:`error_answer`), with the same metrics; a method other than POST gets the same 405
+(with ``Allow``) Flask gave.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from ..api.jsonlimits import JsonTooDeep, loads_bounded
+from .body import _too_large, content_length, read_body
+from .errors import (
+    InvalidJson,
+    InvalidRequest,
+    ModelAtCapacity,
+    ModelFailing,
+    RouterError,
+    TooManyFailedKeys,
+    error_body,
+)
+from .metrics import PROXIED_PATHS, UNKNOWN_MODEL, RouterMetrics, StartResponse, WSGIApp
+from .proxy import Answered
+
+if TYPE_CHECKING:
+    from .app import RouterState
+
+log = logging.getLogger(__name__)
+
+MAX_JSON_DEPTH = 64        # arrays and objects in a request body
+MAX_MODEL_NAME = 200       # characters of 'model', as catalog names
+_ALLOW = "OPTIONS, POST"
+_JSON = ("Content-Type", "application/json")
+_STATUS_LINES = {s.value: f"{s.value} {s.phrase}" for s in HTTPStatus}
+_STATUS_LINES[499] = "499 Client Closed Request"
+
+
+def status_line(status: int) -> str:
+    return _STATUS_LINES.get(status) or f"{status} Unknown"
+
+
+def retry_after_s(exc: RouterError) -> float | None:
+    """The Retry-After an error is answered with, if any."""
+    if isinstance(exc, ModelFailing | ModelAtCapacity | TooManyFailedKeys):
+        return exc.retry_after_s
+    return None
+
+
+def error_answer(environ: dict[str, Any], exc: RouterError) -> Answered:
+    """``exc`` in OpenAI's error shape, its code noted for the metrics."""
+    from ..control.throttle import retry_after
+
+    RouterMetrics.error_answered(environ, exc.code)
+    body = json.dumps(exc.body()).encode()
+    headers = [_JSON, ("Content-Length", str(len(body)))]
+    wait = retry_after_s(exc)
+    if wait is not None:
+        headers.append(("Retry-After", retry_after(wait)))
+    return Answered(exc.status, headers, [body])
+
+
+class ProxiedRoutes:
+    """The WSGI app: the proxied paths here, every other path to ``other`` (Flask)."""
+
+    def __init__(self, state: RouterState, other: WSGIApp) -> None:
+        self._state = state
+        self._other = other
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse
+                 ) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO")
+        if path not in PROXIED_PATHS:
+            return self._other(environ, start_response)
+        method = environ.get("REQUEST_METHOD")
+        if method == "POST":
+            try:
+                answer = self._proxy(environ, path)
+            except RouterError as exc:
+                answer = error_answer(environ, exc)
+            except Exception:
+                log.exception("%s %s failed", method, path)
+                answer = error_answer(environ, RouterError(
+                    "the router failed on this request (its log says why); retry it, and "
+                    "tell the operator if it keeps failing"))
+        elif method == "OPTIONS":
+            answer = Answered(200, [("Allow", _ALLOW), ("Content-Length", "0")], [b""])
+        else:
+            body = json.dumps(error_body(
+                f"{method} {path}: The method is not allowed for the requested URL.",
+                "invalid_request_error", "method_not_allowed")).encode()
+            RouterMetrics.error_answered(environ, "method_not_allowed")
+            answer = Answered(405, [_JSON, ("Content-Length", str(len(body))),
+                                    ("Allow", _ALLOW)], [body])
+        start_response(status_line(answer.status), answer.headers)
+        return answer.body
+
+    def _proxy(self, environ: dict[str, Any], path: str) -> Answered:
+        state = self._state
+        limit = state.config.max_body_bytes
+        length = content_length(environ)
+        if length is not None and length > limit:     # refused unread, before the key
+            raise _too_large(limit, length)
+        table = state.current_table()
+        state.check_api_key(table, environ)
+        body = read_body(environ, limit)
+        try:
+            doc = loads_bounded(body, max_depth=MAX_JSON_DEPTH)
+        except JsonTooDeep as exc:
+            raise InvalidRequest(f"{exc} (the router's limit is {MAX_JSON_DEPTH} levels)"
+                                 ) from None
+        except ValueError as exc:
+            raise InvalidJson(f"the request body is not valid JSON ({exc}); send a JSON object "
+                              "in UTF-8 with Content-Type: application/json") from None
+        if not isinstance(doc, dict):
+            raise InvalidRequest("the request body must be a JSON object with a 'model' field, "
+                                 f"not {_json_kind(doc)}")
+        model = doc.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' is missing or not a string; set it to one of the ids "
+                                 "GET /v1/models lists", param="model")
+        if len(model) > MAX_MODEL_NAME:
+            raise InvalidRequest(f"'model' is {len(model)} characters long; model names have at "
+                                 f"most {MAX_MODEL_NAME}: set it to one of the ids GET /v1/models "
+                                 "lists", param="model")
+        table = state.table_for(model, table)
+        state.metrics.model_named(environ, model if model in table.models else UNKNOWN_MODEL)
+        route = state.resolve(model, table)
+        return state.forward(environ, model, route, path, body, doc, table)
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool) or value is None:
+        return "true, false or null"
+    return "a number"
