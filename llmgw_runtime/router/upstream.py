@@ -170,7 +170,7 @@ class Pools:
                                         network_timeout=self._timeout,
                                         ssl=parts.scheme == "https", block_size=BLOCK)
                     pool = client._connection_pool
-                    pool._resolve = _cached(pool._resolve)
+                    pool._resolve = _cached(pool._resolve)  # type: ignore[method-assign]
                     self._clients[url] = client
         return client
 
