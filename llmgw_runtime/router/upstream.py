@@ -95,13 +95,7 @@ class Answer:
         router's CPU per chunk of a paced stream). No data for the pool's network timeout
         breaks the stream off, as the socket's timeout would."""
         resp = self._resp
-        sock = resp._sock
-        if sock is None:
-            return
-        hub = gevent.get_hub()
-        readable = hub.loop.io(sock.fileno(), 1)
-        stalled = gevent.Timeout(self._timeout_s, TimeoutError(
-            f"no data from the engine for {self._timeout_s:g} s"))
+        readable = stalled = None
         try:
             while True:
                 buffered = resp._body_buffer
@@ -110,8 +104,15 @@ class Answer:
                     del buffered[:]
                     yield data
                     continue
-                if resp.message_complete or resp._sock is None:
+                sock = resp._sock     # None: the whole answer came with its headers
+                if resp.message_complete or sock is None:
                     break
+                if readable is None:
+                    hub = gevent.get_hub()
+                    readable = hub.loop.io(sock.fileno(), 1)
+                    stalled = gevent.Timeout(self._timeout_s, TimeoutError(
+                        f"no data from the engine for {self._timeout_s:g} s"))
+                assert stalled is not None
                 stalled.start()
                 try:
                     hub.wait(readable)
@@ -127,8 +128,10 @@ class Answer:
             self.close()
             raise BrokeOff(describe(exc)) from None
         finally:
-            readable.close()
-            stalled.close()
+            if readable is not None:
+                readable.close()
+            if stalled is not None:
+                stalled.close()
         self._release()
 
     def _release(self) -> None:

@@ -109,3 +109,42 @@ def test_a_stream_that_stalls_past_the_timeout_breaks_off(stalls: str) -> None:
     assert next(chunks) == b"data: "
     with pytest.raises(BrokeOff, match="no data from the engine for 0.5 s"):
         next(chunks)
+
+
+EVENTS = (b'data: {"a":1}\n\n', b"data: [DONE]\n\n")
+STREAM = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+          b"Transfer-Encoding: chunked\r\n\r\n"
+          + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS) + b"0\r\n\r\n")
+
+
+@pytest.fixture()
+def whole_streams() -> Iterator[str]:
+    """A server that answers every request of a kept-alive connection with a whole
+    chunked stream in one write: it arrives with its headers."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while _read_request(conn):
+                conn.sendall(STREAM)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
+def test_a_stream_that_arrives_with_its_headers_is_passed_whole(whole_streams: str) -> None:
+    pools = Pools(timeout_s=10)
+    for _ in range(3):
+        answer = pools.post(whole_streams, "/v1/chat/completions", b"{}", {})
+        assert b"".join(answer.chunks()) == b"".join(EVENTS)
