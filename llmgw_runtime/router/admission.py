@@ -23,15 +23,22 @@ costs), so a key that queued 20 requests cannot hold back a key that queued 2; w
 key, first come first served. A freed slot goes to the first ticket in that order that may
 take it.
 
-Prefix affinity: a request with a prefix key has a *home* replica, chosen by consistent
-hashing with bounded loads over what each replica serves and has waiting for it
-(:func:`.affinity.choose`). It is admitted only there, or waits for a slot there even when
-another replica has one free, for up to :data:`SPILL_SERVICES` mean service times (at most
-half of ``max_wait_s``); after that any free slot will do. Waiting a little for the replica
-that holds a conversation's prompt in its cache beats recomputing the whole prompt
-elsewhere; the bounded load keeps a hot prefix from piling onto one replica (its home moves
-on once it holds more than 1.25 times the mean load and more than twice its slots). A request without a prefix takes the
-replica with the most free slots.
+Prefix affinity: a request with a prefix key has a *home* replica. Where the shell gives
+the core a table of where prefixes were served last (:attr:`Admission.homes`, shared by
+the router's workers: ``homes.py``), the home is the replica that served the prefix last,
+while it stays within its bounded load (:func:`.affinity.fits`); a prefix not remembered,
+or whose home is over its bound, is placed anew by load (:func:`.affinity.place`: its
+hashed replica when that is among the least loaded, else the least loaded). Without the
+table the home is chosen by consistent hashing with bounded loads alone
+(:func:`.affinity.choose`). Loads count what each replica serves and has waiting for it.
+A request is admitted only at its home, or waits for a slot there even when another
+replica has one free, for up to :data:`SPILL_SERVICES` mean service times (at most half
+of ``max_wait_s``); after that any free slot will do, and the replica it ends up on is
+remembered as its home (its cache is there now). Waiting a little for the replica that
+holds a conversation's prompt in its cache beats recomputing the whole prompt elsewhere;
+the bounded load keeps a hot prefix from piling onto one replica (its home moves on once
+it holds more than 1.25 times the mean load and more than twice its slots). A request
+without a prefix takes the replica with the most free slots.
 
 In-flight counts are per replica and outlive membership: a replica removed and listed
 again keeps the count of what it still serves, and slots that shrink below the in-flight
@@ -43,11 +50,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from .affinity import choose
+from .affinity import choose, fits, place
 
 Priority = Literal["high", "normal", "low"]
 Reason = Literal["queue_full", "timeout", "no_replicas"]
@@ -58,6 +65,14 @@ RETRY_AFTER_MAX_S = 60
 SPILL_SERVICES = 2.0      # a ticket waits for its home replica this many mean service times
 SCAN = 64                 # waiting tickets looked at for a free slot, at most
 KNOWN_SLOTS = 4096        # more slots than this: unknown (api.router.MAX_SLOTS)
+
+
+class Remembered(Protocol):
+    """Where prefixes were served last (``homes.Homes``; a dict-backed one in tests)."""
+
+    def get(self, key: bytes, replicas: Iterable[str]) -> str | None: ...
+
+    def put(self, key: bytes, replica: str, now: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -130,6 +145,10 @@ class Admission:
         # Requests other processes have in flight per replica (the shell sets it with the
         # slots it passes): part of a replica's load when a prefix picks its home.
         self.others: Mapping[str, int] = {}
+        # Where each prefix was served last (the shell's shared table): a remembered home
+        # is kept while it fits its bounded load; a new prefix is placed by load. None:
+        # homes by hashing alone.
+        self.homes: Remembered | None = None
         self._models: dict[str, _Model] = {}
         self._inflight: dict[str, int] = {}
         self._model_of: dict[str, str] = {}
@@ -185,13 +204,13 @@ class Admission:
             self._dispatch(m, now)
         if m.waiting >= self.max_queue:   # make room of tickets overdue but not yet expired
             self._reject_where(m, lambda t: t.deadline <= now, "timeout")
-        home = None if prefix is None else choose(prefix, list(m.slots), self._loads(m),
-                                                  floor=self._floors(m))
+        home = None if prefix is None else self._home(m, prefix)
         # Every waiting ticket that could use a free slot has one (dispatch): a free slot
         # left is one no waiting ticket may take, so the newcomer does not jump a turn.
         rid = self._room_at(m, home) if home is not None else self._free_replica(m, None)
         if rid is not None:
             self._inflight[rid] = self._inflight.get(rid, 0) + 1
+            self._remember(prefix, rid, now)
             return Admitted(rid)
         if self.max_queue_per_key is not None and \
                 m.per_key.get(key_id, 0) >= self.max_queue_per_key:
@@ -303,6 +322,7 @@ class Admission:
                 if rid is not None:
                     self._unqueue(m, ticket, rotate=True)
                     self._inflight[rid] = self._inflight.get(rid, 0) + 1
+                    self._remember(ticket.prefix, rid, now)
                     self._decide(ticket, Admitted(rid), decided)
                     break
             else:
@@ -320,6 +340,22 @@ class Admission:
                     seen += 1
                     if seen >= SCAN:
                         return
+
+    def _home(self, m: _Model, prefix: bytes) -> str:
+        """The replica a prefix waits for: where it was served last while that fits its
+        bounded load, else placed anew (by load when remembering, else by hashing)."""
+        rids = list(m.slots)
+        loads, floors = self._loads(m), self._floors(m)
+        if self.homes is None:
+            return choose(prefix, rids, loads, floor=floors)
+        known = self.homes.get(prefix, rids)
+        if known is not None and fits(known, rids, loads, floor=floors):
+            return known
+        return place(prefix, rids, loads, floor=floors)
+
+    def _remember(self, prefix: bytes | None, rid: str, now: float) -> None:
+        if prefix is not None and self.homes is not None:
+            self.homes.put(prefix, rid, now)
 
     def _room_at(self, m: _Model, rid: str) -> str | None:
         return rid if m.slots.get(rid, 0) > self._inflight.get(rid, 0) else None

@@ -41,6 +41,8 @@ from ..api.router import MAX_QUEUE, ModelCapacity
 from .admission import Admission, Admitted, Priority, Queued, Rejected, Ticket
 from .balancer import Endpoint
 from .errors import ClientGone, ModelAtCapacity
+from .homes import Homes
+from .homes import for_this_process as homes_for_this_process
 from .metrics import RouterMetrics
 from .slots import UNLIMITED, SlotCounts, for_this_process, model_shares
 
@@ -107,10 +109,13 @@ class Gate:
 
     def __init__(self, metrics: RouterMetrics, share: tuple[int, int] = (1, 1),
                  counts: SlotCounts | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 homes: Homes | None = None) -> None:
         self._metrics = metrics
         self._share = share
         self._counts = counts if counts is not None else for_this_process()
+        # where prefixes were served last, all workers (read and written under the lock)
+        self._homes = homes if homes is not None else homes_for_this_process()
         self._clock = clock
         self._cores: dict[str, Admission] = {}
         self._replicas: dict[str, tuple[str, ...]] = {}     # model -> replicas last seen
@@ -251,6 +256,7 @@ class Gate:
         if core is None:
             core = self._cores[model] = Admission(max_queue=max_queue, max_wait_s=max_wait_s,
                                                   on_decided=_wake)
+            core.homes = self._homes
         self._max_queue[model] = max_queue
         core.max_wait_s = max_wait_s
         return core

@@ -207,3 +207,27 @@ def choose(key: bytes, replicas: Sequence[str], load: Mapping[str, int],
         return load.get(rid, 0) - (limit or 0)
 
     return min(walked, key=excess)
+
+
+def fits(rid: str, replicas: Sequence[str], load: Mapping[str, int],
+         c: float = LOAD_FACTOR, floor: Mapping[str, int] | None = None) -> bool:
+    """Whether ``rid`` may take one more request and stay within its share, as
+    :func:`choose` judges each replica on its walk (a remembered home is judged the same)."""
+    total = 0
+    for other in replicas:
+        total += load.get(other, 0)
+    share = math.ceil(c * (total + 1) / max(1, len(replicas)))
+    bound = share if floor is None else max(share, floor.get(rid, 0))
+    return load.get(rid, 0) < bound
+
+
+def place(key: bytes, replicas: Sequence[str], load: Mapping[str, int],
+          floor: Mapping[str, int] | None = None) -> str:
+    """The home of a prefix not yet remembered: its :func:`choose` replica when that is
+    among the least loaded (so with even loads every router agrees without sharing
+    anything), else the least loaded one (ring order among equals)."""
+    hashed = choose(key, replicas, load, floor=floor)
+    least = min(load.get(rid, 0) for rid in replicas)
+    if load.get(hashed, 0) <= least:
+        return hashed
+    return choose(key, [rid for rid in replicas if load.get(rid, 0) == least], load)

@@ -31,7 +31,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from .. import tls
-from . import slots
+from . import homes, slots
 from .config import RouterConfig
 
 GRACEFUL_TIMEOUT_S = 30
@@ -148,6 +148,7 @@ def run(config: RouterConfig) -> None:
     os.environ[MULTIPROC_DIR_ENV] = metrics_dir     # fresh: no counts of an earlier run
     slots_dir = tempfile.mkdtemp(prefix="llmgw-router-slots-")
     os.environ[slots.FILE_ENV] = slots.create_file(slots_dir, config.workers)
+    os.environ[homes.FILE_ENV] = homes.create_file(slots_dir)
     try:
         _RouterApplication(config).run()
     finally:
