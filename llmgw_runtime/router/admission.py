@@ -25,18 +25,19 @@ take it.
 
 Prefix affinity: a request with a prefix key has a *home* replica. Where the shell gives
 the core a table of where prefixes were served last (:attr:`Admission.homes`, shared by
-the router's workers: ``homes.py``), the home is the replica that served the prefix last,
-while it stays within its bounded load (:func:`.affinity.fits`); a prefix not remembered,
-or whose home is over its bound, is placed anew by load (:func:`.affinity.place`: its
-hashed replica when that is among the least loaded, else the least loaded). Without the
-table the home is chosen by consistent hashing with bounded loads alone
-(:func:`.affinity.choose`). Loads count what each replica serves and has waiting for it.
-A request is admitted only at its home, or waits for a slot there even when another
-replica has one free, for up to :data:`SPILL_SERVICES` mean service times (at most half
-of ``max_wait_s``); after that any free slot will do, and the replica it ends up on is
-remembered as its home (its cache is there now). Waiting a little for the replica that
-holds a conversation's prompt in its cache beats recomputing the whole prompt elsewhere;
-the bounded load keeps a hot prefix from piling onto one replica (its home moves on once
+the router's workers: ``homes.py``), the home is the replica that served the prefix last
+while it stays within its bounded load (:func:`.affinity.fits`), and its prompt is
+*cached* there; a prefix not remembered (a first turn) or whose home is over its bound is
+placed by load (:func:`.affinity.place`). Without the table the home is chosen by
+consistent hashing with bounded loads alone (:func:`.affinity.choose`). Loads count what
+each replica serves and has waiting for it. A request is admitted only at its home, or
+waits for a slot there even when another replica has one free: a cached home for as long
+as a request served away from its home takes (``fresh_s``: what moving costs, the prompt
+computed anew), another for :data:`SPILL_SERVICES` mean service times; at most half of
+``max_wait_s``. After that any free slot will do, and the replica it ends up on is
+remembered as its home. When a slot frees, a waiting request cached at that replica goes
+first within the class served next (:meth:`~Admission._cached_turn`: shortest job first).
+The bounded load keeps a hot prefix from piling onto one replica (its home moves on once
 it holds more than 1.25 times the mean load and more than twice its slots). A request
 without a prefix takes the replica with the most free slots.
 
@@ -78,6 +79,9 @@ class Remembered(Protocol):
 @dataclass(frozen=True)
 class Admitted:
     replica: str
+    # at the prefix's remembered home (its cache is likely there): for the shell to say so
+    # in release(), which keeps the service time of the others apart (what a move costs)
+    at_home: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class Ticket:
     cancelled: bool = False
     waiter: Any = None
     home: str | None = None     # the replica its prefix belongs to: it waits for that one
+    cached: bool = False        # ... where it was served last (its prompt is cached there)
     spill_at: float = 0.0       # ... until then; after, any replica with a free slot
 
 
@@ -120,6 +125,7 @@ class _Model:
     per_key: dict[str, int] = field(default_factory=dict)  # key -> tickets waiting
     waiting: int = 0
     service_s: float = SERVICE_S_GUESS
+    fresh_s: float = SERVICE_S_GUESS    # ... of requests not served at a remembered home
     pinned: dict[str, int] = field(default_factory=dict)   # replica -> tickets waiting for it
 
 
@@ -204,14 +210,14 @@ class Admission:
             self._dispatch(m, now)
         if m.waiting >= self.max_queue:   # make room of tickets overdue but not yet expired
             self._reject_where(m, lambda t: t.deadline <= now, "timeout")
-        home = None if prefix is None else self._home(m, prefix)
+        home, cached = (None, False) if prefix is None else self._home(m, prefix)
         # Every waiting ticket that could use a free slot has one (dispatch): a free slot
         # left is one no waiting ticket may take, so the newcomer does not jump a turn.
         rid = self._room_at(m, home) if home is not None else self._free_replica(m, None)
         if rid is not None:
             self._inflight[rid] = self._inflight.get(rid, 0) + 1
             self._remember(prefix, rid, now)
-            return Admitted(rid)
+            return Admitted(rid, at_home=cached)
         if self.max_queue_per_key is not None and \
                 m.per_key.get(key_id, 0) >= self.max_queue_per_key:
             return Rejected("queue_full", self._retry_after(m))
@@ -221,9 +227,12 @@ class Admission:
                 return Rejected("queue_full", self._retry_after(m))
             self._unqueue(m, victim, rotate=False)
             self._decide(victim, Rejected("queue_full", self._retry_after(m)), [])
+        # A remembered home holds the prefix's cache: worth waiting for as long as
+        # computing it anew elsewhere takes (a request served away from its home).
+        patience = m.fresh_s if cached else SPILL_SERVICES * m.service_s
         ticket = Ticket(next(self._ids), model, key_id, priority, prefix, now,
-                        now + self.max_wait_s, home=home,
-                        spill_at=now + min(self.max_wait_s / 2, SPILL_SERVICES * m.service_s))
+                        now + self.max_wait_s, home=home, cached=cached,
+                        spill_at=now + min(self.max_wait_s / 2, patience))
         if home is not None:
             m.pinned[home] = m.pinned.get(home, 0) + 1
         m.classes[priority].setdefault(key_id, deque()).append(ticket)
@@ -231,10 +240,11 @@ class Admission:
         m.waiting += 1
         return Queued(ticket)
 
-    def release(self, replica: str, now: float, service_s: float | None = None
-                ) -> list[Ticket]:
+    def release(self, replica: str, now: float, service_s: float | None = None,
+                at_home: bool = False) -> list[Ticket]:
         """A request admitted to ``replica`` ended (``service_s``: how long it was served,
-        for Retry-After estimates); its slot goes to the next waiting ticket."""
+        for Retry-After estimates and how long a request waits for its home; ``at_home``:
+        as its Admitted said); its slot goes to the next waiting ticket."""
         count = self._inflight.get(replica, 0) - 1
         if count > 0:
             self._inflight[replica] = count
@@ -246,6 +256,8 @@ class Admission:
         m = self._models[model]
         if service_s is not None and service_s >= 0:
             m.service_s += SERVICE_ALPHA * (service_s - m.service_s)
+            if not at_home:
+                m.fresh_s += SERVICE_ALPHA * (service_s - m.fresh_s)
         return self._dispatch(m, now)
 
     def cancel(self, ticket: Ticket, now: float) -> list[Ticket]:
@@ -309,25 +321,51 @@ class Admission:
         overdue on the way is refused instead (its client has stopped waiting)."""
         decided: list[Ticket] = []
         while m.waiting and any(n > self._inflight.get(rid, 0) for rid, n in m.slots.items()):
+            cached = self._cached_turn(m, now)
+            if cached is not None:
+                self._admit_ticket(m, cached, cached.home, now, decided)  # type: ignore[arg-type]
+                continue
             for ticket in self._in_order(m):
                 if ticket.deadline <= now:
                     self._unqueue(m, ticket, rotate=False)
                     self._decide(ticket, Rejected("timeout", self._retry_after(m)), decided)
                     break
-                if ticket.home is not None and now < ticket.spill_at \
-                        and ticket.home in m.slots:
-                    rid = self._room_at(m, ticket.home)
+                at_home = ticket.home is not None and now < ticket.spill_at \
+                    and ticket.home in m.slots
+                if at_home:
+                    rid = self._room_at(m, ticket.home)  # type: ignore[arg-type]
                 else:
                     rid = self._free_replica(m, ticket.prefix)
                 if rid is not None:
-                    self._unqueue(m, ticket, rotate=True)
-                    self._inflight[rid] = self._inflight.get(rid, 0) + 1
-                    self._remember(ticket.prefix, rid, now)
-                    self._decide(ticket, Admitted(rid), decided)
+                    self._admit_ticket(m, ticket, rid, now, decided)
                     break
             else:
                 break     # no waiting ticket may take the free slots
         return decided
+
+    def _cached_turn(self, m: _Model, now: float) -> Ticket | None:
+        """With remembered homes: the first waiting ticket (of the class served next)
+        whose home has a free slot. Its prompt is cached there: it is served in a moment,
+        where a first turn computes its whole prompt, so it goes first (shortest job
+        first, the order that most lowers the mean wait); the others keep their order."""
+        if self.homes is None:
+            return None
+        served_next: str | None = None
+        for ticket in self._in_order(m):
+            served_next = served_next or ticket.priority
+            if ticket.priority != served_next:
+                return None
+            if ticket.cached and ticket.home is not None and ticket.deadline > now \
+                    and now < ticket.spill_at and self._room_at(m, ticket.home) is not None:
+                return ticket
+        return None
+
+    def _admit_ticket(self, m: _Model, ticket: Ticket, rid: str, now: float,
+                      decided: list[Ticket]) -> None:
+        self._unqueue(m, ticket, rotate=True)
+        self._inflight[rid] = self._inflight.get(rid, 0) + 1
+        self._remember(ticket.prefix, rid, now)
+        self._decide(ticket, Admitted(rid, at_home=ticket.cached and ticket.home == rid), decided)
 
     def _in_order(self, m: _Model) -> Iterator[Ticket]:
         """Waiting tickets in order of service (the first :data:`SCAN`): by class, keys in
@@ -341,17 +379,18 @@ class Admission:
                     if seen >= SCAN:
                         return
 
-    def _home(self, m: _Model, prefix: bytes) -> str:
-        """The replica a prefix waits for: where it was served last while that fits its
-        bounded load, else placed anew (by load when remembering, else by hashing)."""
+    def _home(self, m: _Model, prefix: bytes) -> tuple[str, bool]:
+        """The replica a prefix waits for, and whether its prompt is cached there. With
+        remembered homes: where it was served last, while that fits its bounded load;
+        else placed by load (a first turn: nothing cached anywhere). Without: by hashing."""
         rids = list(m.slots)
         loads, floors = self._loads(m), self._floors(m)
         if self.homes is None:
-            return choose(prefix, rids, loads, floor=floors)
+            return choose(prefix, rids, loads, floor=floors), False
         known = self.homes.get(prefix, rids)
         if known is not None and fits(known, rids, loads, floor=floors):
-            return known
-        return place(prefix, rids, loads, floor=floors)
+            return known, True
+        return place(prefix, rids, loads, floor=floors), False
 
     def _remember(self, prefix: bytes | None, rid: str, now: float) -> None:
         if prefix is not None and self.homes is not None:

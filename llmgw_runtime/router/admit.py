@@ -78,22 +78,24 @@ def client_gone(environ: dict[str, Any]) -> bool:
 class Lease:
     """One slot at ``endpoint``, held until :meth:`release` (idempotent)."""
 
-    __slots__ = ("endpoint", "_gate", "_core", "_model", "_started", "_done")
+    __slots__ = ("endpoint", "_gate", "_core", "_model", "_started", "_done", "_at_home")
 
     def __init__(self, endpoint: Endpoint, gate: Gate, core: Admission, model: str,
-                 started: float) -> None:
+                 started: float, at_home: bool = False) -> None:
         self.endpoint = endpoint
         self._gate = gate
         self._core = core
         self._model = model
         self._started = started
+        self._at_home = at_home
         self._done = False
 
     def release(self) -> None:
         if self._done:
             return
         self._done = True
-        self._gate._release(self._core, self._model, self.endpoint.replica_id, self._started)
+        self._gate._release(self._core, self._model, self.endpoint.replica_id, self._started,
+                            self._at_home)
 
 
 @dataclass
@@ -157,7 +159,8 @@ class Gate:
                 at_once = self._at_once[model] = self._metrics.admitted.labels(model,
                                                                                "at_once")
             at_once.inc()
-            return Lease(self._endpoints[model][decision.replica], self, core, model, now)
+            return Lease(self._endpoints[model][decision.replica], self, core, model, now,
+                         decision.at_home)
         if isinstance(decision, Queued):
             return self._wait(core, model, decision.ticket, gone)
         return self._refused(core, model, decision)
@@ -200,7 +203,8 @@ class Gate:
         outcome = ticket.outcome
         if isinstance(outcome, Admitted):
             self._metrics.admitted.labels(model, "after_wait").inc()
-            lease = Lease(Endpoint(outcome.replica, ""), self, core, model, self._clock())
+            lease = Lease(Endpoint(outcome.replica, ""), self, core, model, self._clock(),
+                          outcome.at_home)
             endpoint = self._endpoints.get(model, {}).get(outcome.replica)
             if endpoint is None:     # its replica left the routes table while it waited
                 lease.release()
@@ -242,10 +246,11 @@ class Gate:
             "or slots (or a larger max_queue / max_wait_s in the catalog)",
             retry_after_s=decision.retry_after_s)
 
-    def _release(self, core: Admission, model: str, replica: str, started: float) -> None:
+    def _release(self, core: Admission, model: str, replica: str, started: float,
+                 at_home: bool = False) -> None:
         now = self._clock()
         with self._counts.locked():
-            core.release(replica, now, now - started)
+            core.release(replica, now, now - started, at_home)
             rids = self._replicas.get(model, ())
             self._sync(core, model, rids if replica in rids else (*rids, replica))
 

@@ -182,6 +182,12 @@ class MetricsMiddleware:
         except BaseException:
             self._metrics.finished(environ, "500", time.perf_counter() - started)
             raise
+        if isinstance(body, list):      # a whole answer in hand (not a stream): done now
+            took = time.perf_counter() - started
+            if any(body):
+                self._metrics.first_byte(environ, took)
+            self._metrics.finished(environ, status[0], took)
+            return body
         return _Observed(body, self._metrics, environ, status, started)
 
 

@@ -99,3 +99,59 @@ def test_twelve_conversations_on_two_replicas_split_evenly() -> None:
         assert isinstance(decision, Admitted)
         placed[decision.replica] += 1      # its conversation stays in flight
     assert placed == {"r1": 6, "r2": 6}
+
+
+def test_a_turn_waits_for_its_cache_as_long_as_computing_it_anew_takes() -> None:
+    """Moving a conversation costs what a request served away from its home costs (its
+    prompt computed anew): a later turn waits for its home about that long, not longer."""
+    shell = _remembering(max_wait_s=60.0)
+    key = _key(21)
+    first = shell.admit("a", prefix=key)
+    assert isinstance(first, Admitted) and not first.at_home
+    home = first.replica
+    other = "r2" if home == "r1" else "r1"
+    for _ in range(20):     # requests served away from any home take 8 s each
+        shell.core.release(home, now=1.0, service_s=8.0)
+        assert shell.core.try_admit("m", "x", "normal", {home: 2, other: 0}, 1.0, None) \
+            == Admitted(home)
+    # cached turns served at home take 1 s: the wait for a home follows the 8 s
+    for _ in range(20):
+        shell.core.release(home, now=1.0, service_s=1.0, at_home=True)
+        shell.core.try_admit("m", "x", "normal", {home: 2, other: 0}, 1.0, None)
+    while shell.core.in_flight(home) < 2:
+        shell.core.try_admit("m", "x", "normal", {home: 2, other: 0}, 1.0, None)
+    waiting = shell.admit("a", now=2.0, prefix=key)
+    assert isinstance(waiting, Queued) and waiting.ticket.home == home
+    assert 7.5 < waiting.ticket.spill_at - 2.0 < 8.5
+    # a first turn is placed on the least-loaded replica
+    assert shell.admit("b", now=2.0, prefix=_key(22)) == Admitted(other)
+
+
+def test_a_turn_whose_cache_is_at_the_freed_replica_goes_before_a_first_turn() -> None:
+    shell = _remembering(max_wait_s=60.0)
+    one_each = {"r1": 1, "r2": 1}
+    first = shell.admit("a", prefix=_key(31), replicas=one_each)
+    assert isinstance(first, Admitted)
+    home = first.replica
+    shell.core.release(home, now=0.5)
+    shell.fill(one_each)                                   # both replicas busy
+    newcomer = shell.queue("b", now=1.0, prefix=_key(32), replicas=one_each)
+    later = shell.queue("a", now=2.0, prefix=_key(31), replicas=one_each)
+    assert later.home == home and later.cached and not newcomer.cached
+    shell.core.release(home, now=3.0)
+    assert later.outcome == Admitted(home) and newcomer.outcome is None
+    other = "r2" if home == "r1" else "r1"
+    shell.core.release(other, now=10.0)      # past its wait for a home of its own
+    assert newcomer.outcome == Admitted(other)
+
+
+def test_a_cached_turn_does_not_pass_a_higher_priority_class() -> None:
+    shell = _remembering(max_wait_s=60.0)
+    one = {"r1": 1}
+    assert shell.admit("a", prefix=_key(41), replicas=one) == Admitted("r1")
+    shell.core.release("r1", now=0.5)
+    shell.fill(one)
+    later = shell.queue("a", now=1.0, prefix=_key(41), replicas=one)
+    urgent = shell.queue("vip", "high", now=2.0, prefix=_key(42), replicas=one)
+    shell.core.release("r1", now=3.0)
+    assert urgent.outcome == Admitted("r1") and later.outcome is None
