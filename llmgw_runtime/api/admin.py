@@ -15,6 +15,7 @@ from .fields import (
     Finite,
     Line,
     Message,
+    Name,
     Pid,
     Port,
     SmallCount,
@@ -31,27 +32,45 @@ KeyName = Annotated[str, Field(strict=True, min_length=1, max_length=100,
 KeyPriority = Literal["high", "normal", "low"]
 
 
+# How long a key lives at most when it expires: ten years (``--expires 3650d``).
+MAX_KEY_LIFETIME_S = 10 * 365 * 86400
+KeyLifetime = Annotated[float, Field(allow_inf_nan=False, gt=0, le=MAX_KEY_LIFETIME_S)]
+# The models a key may use: catalog names (None: every model). A model that is not (yet)
+# in the catalog may be named: the scope holds until it is.
+KeyModels = Annotated[list[Name], Field(min_length=1, max_length=MAX_LIST)]
+
+
 class KeyCreate(Message):
     name: KeyName
     priority: KeyPriority = "normal"
+    models: KeyModels | None = None
+    expires_in_s: KeyLifetime | None = None
 
 
 class KeyCreated(Answer):
     name: str
     key: str
     priority: KeyPriority = "normal"
+    models: list[str] | None = None
+    expires_at: Finite | None = None
 
 
 class KeyUpdate(Message):
-    """``PATCH /api/v1/keys/<name>``: what changes (the key itself never does)."""
+    """``PATCH /api/v1/keys/<name>``: what changes (the key itself never does); at least
+    one field. ``models: "all"`` lifts a scope, ``expires_in_s: "never"`` an expiry."""
 
-    priority: KeyPriority
+    priority: KeyPriority | None = None
+    models: KeyModels | Literal["all"] | None = None
+    expires_in_s: KeyLifetime | Literal["never"] | None = None
 
 
 class KeyInfo(Answer):
     name: str
     created: Finite
     priority: KeyPriority = "normal"
+    models: list[str] | None = None
+    expires_at: Finite | None = None
+    expired: Bool = False
 
 
 class Keys(Answer):

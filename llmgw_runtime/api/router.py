@@ -29,6 +29,7 @@ Slots = Annotated[int, Field(strict=True, ge=1, le=MAX_SLOTS)]
 Routing = Literal["prefix-affinity", "least-outstanding"]
 KeyPriority = Literal["high", "normal", "low"]
 WaitSeconds = Annotated[float, Field(allow_inf_nan=False, gt=0, le=3600)]
+ExpiresIn = Annotated[float, Field(allow_inf_nan=False, ge=-1e10, le=1e10)]
 
 
 class Endpoint(Answer):
@@ -66,6 +67,15 @@ class Routes(Answer):
     api_key_hashes: list[Sha256Hex] = Field(default_factory=list, max_length=MAX_KEYS)
     # Keys whose requests are not of normal priority (hash -> priority); absent: normal.
     key_priorities: dict[Sha256Hex, KeyPriority] = Field(default_factory=dict,
+                                                          max_length=MAX_KEYS)
+    # Keys limited to some models (hash -> model names); absent: every model. Another
+    # model is answered 404, as if it were not in the catalog.
+    key_models: dict[Sha256Hex, Annotated[list[Name], Field(max_length=MAX_LIST)]] = Field(
+        default_factory=dict, max_length=MAX_KEYS)
+    # Keys that expire: hash -> seconds from when the table was made until the expiry
+    # (0 or less: expired), so that no host's wall clock is trusted; the router counts
+    # them down on its own clock and refuses a key from then on, between two tables too.
+    key_expires_in_s: dict[Sha256Hex, ExpiresIn] = Field(default_factory=dict,
                                                           max_length=MAX_KEYS)
 
 

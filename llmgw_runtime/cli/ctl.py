@@ -380,68 +380,6 @@ def plan(ctx: click.Context, fmt: str) -> None:
         click.echo(f"cannot place {model}: {reason}")
 
 
-@ctl.group()
-def keys() -> None:
-    """Router API keys (stored hashed; a key is shown only when created)."""
-
-
-PRIORITY = click.Choice(("high", "normal", "low"))
-PRIORITY_HELP = ("its requests' turn in a model's queue when every slot is busy: high keys' "
-                 "first, low keys' last; fair among the keys of one priority")
-
-
-@keys.command("create")
-@click.argument("name")
-@click.option("--priority", type=PRIORITY, default="normal", show_default=True,
-              help=PRIORITY_HELP)
-@click.pass_context
-def keys_create(ctx: click.Context, name: str, priority: str) -> None:
-    """Create API key NAME; the key is shown once."""
-    body: dict[str, Any] = {"name": name}
-    if priority != "normal":        # a control service older than priorities still works
-        body["priority"] = priority
-    result = client(ctx.parent).post(  # type: ignore[arg-type]
-        "/api/v1/keys", body, answer=messages.KeyCreated)
-    say(f"API key {result['name']}"
-        + ("" if result["priority"] == "normal" else f" ({result['priority']} priority)")
-        + " (shown once; store it now):")
-    say(result["key"])
-
-
-@keys.command("list")
-@output_option
-@click.pass_context
-def keys_list(ctx: click.Context, fmt: str) -> None:
-    """API keys with their priority and age (never the keys: only their hashes are kept)."""
-    data = client(ctx.parent).get(  # type: ignore[arg-type]
-        "/api/v1/keys", answer=messages.Keys)
-    show(data, [(k["name"], k.get("priority", "normal"), ago(k["created"]))
-                for k in data["keys"]], ("NAME", "PRIORITY", "CREATED"), fmt)
-
-
-@keys.command("set")
-@click.argument("name")
-@click.option("--priority", type=PRIORITY, required=True, help=PRIORITY_HELP)
-@click.pass_context
-def keys_set(ctx: click.Context, name: str, priority: str) -> None:
-    """Change API key NAME's priority (the key itself stays); routers use it from their
-    next routes refresh."""
-    client(ctx).request("PATCH", f"/api/v1/keys/{part(name)}",
-                        json.dumps({"priority": priority}).encode(), answer=messages.KeyInfo)
-    say(f"API key {name}: priority {priority}; routers use it from their next routes "
-        "refresh")
-
-
-@keys.command("delete")
-@click.argument("name")
-@click.pass_context
-def keys_delete(ctx: click.Context, name: str) -> None:
-    """Delete API key NAME: routers refuse it from their next routes refresh (about a
-    second: LLMGW_REFRESH_INTERVAL_S)."""
-    client(ctx).request("DELETE", f"/api/v1/keys/{part(name)}")
-    say(f"API key {name} deleted; routers refuse it from their next routes refresh")
-
-
 @click.command("llmgw-status", params=[*ctl.params, *status.params], help=status.help)
 @click.pass_context
 def status_command(ctx: click.Context, url: str | None, token: str | None,
@@ -454,3 +392,9 @@ def status_main() -> None:
     """``llmgw-status``: the same as ``llmgw ctl status``, with ``ctl``'s --url, --token
     and --ca."""
     status_command.main(prog_name=os.path.basename(sys.argv[0]) or "llmgw-status")
+
+
+# The `keys` group lives in keys.py (it uses the helpers above).
+from .keys import keys  # noqa: E402
+
+ctl.add_command(keys)

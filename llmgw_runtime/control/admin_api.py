@@ -1,4 +1,5 @@
-"""Admin API: the catalog, listings, API keys and retry. Admin token on every route."""
+"""Admin API: the catalog, listings and retry (API keys: keys_api.py). Admin token on every
+route."""
 
 from __future__ import annotations
 
@@ -8,14 +9,11 @@ from typing import Any
 from flask import Blueprint, current_app, g, jsonify, request
 
 from .. import catalog
-from ..api.admin import KeyUpdate
-from ..api.parse import parse_json
 from ..errors import ConflictError, NotFoundError, ValidationError
 from ..placement.model import heard_from
-from ..security import hash_token, new_token
 from ..store import repo
 from . import fleet
-from .web import json_body, now_of, require, store
+from .web import now_of, require, store
 
 bp = Blueprint("admin", __name__, url_prefix="/api/v1")
 
@@ -161,82 +159,12 @@ def events() -> Any:
         return jsonify({"events": repo.list_events(conn, max(1, min(limit, 1000)))})
 
 
-@bp.post("/keys")
-@require("admin")
-def create_key() -> Any:
-    body = json_body(required=("name",))
-    name = body["name"]
-    if not isinstance(name, str) or not name.strip() or len(name) > 100:
-        raise ValidationError("name must be a non-empty string of at most 100 characters")
-    priority = _priority(body.get("priority", "normal"))
-    account = f"key:{name}"
-    key = new_token("api_key")
-    with store().begin() as conn:
-        if repo.account_exists(conn, account):
-            raise ConflictError(f"an API key named {name!r} exists; pick another name")
-        repo.put_account(conn, account, "api_key", hash_token(key), now_of(conn),
-                         priority=priority)
-        repo.add_event(conn, now_of(conn), "key", name, "API key created"
-                       + ("" if priority == "normal" else f" with {priority} priority"))
-    return jsonify({"name": name, "key": key, "priority": priority}), 201
-
-
-KEY_PRIORITIES = ("high", "normal", "low")
-
-
-def _priority(value: Any) -> str:
-    """An API key's priority, or a 400 naming what is allowed."""
-    if value not in KEY_PRIORITIES:
-        raise ValidationError(f"priority {repr(value)[:40]} is unknown; use high, normal "
-                              "(the default) or low")
-    return str(value)
-
-
-@bp.get("/keys")
-@require("admin")
-def list_keys() -> Any:
-    with store().begin() as conn:
-        rows = repo.accounts_of_kind(conn, "api_key")
-    return jsonify({"keys": [{"name": r.name.removeprefix("key:"), "created": r.created,
-                              "priority": r.priority} for r in rows]})
-
-
-@bp.patch("/keys/<path:name>")
-@require("admin")
-def update_key(name: str) -> Any:
-    """Change API key ``name``'s priority; routers use it from their next routes
-    refresh. The key itself does not change."""
-    _priority(json_body(required=("priority",))["priority"])    # the clear message first
-    priority = parse_json(KeyUpdate, request.get_data(cache=True), what="key update").priority
-    with store().begin() as conn:
-        row = repo.set_priority(conn, f"key:{name}", "api_key", priority)
-        if row is None:
-            raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
-                                "list`")
-        if row.priority != priority:
-            repo.add_event(conn, now_of(conn), "key", name,
-                           f"API key priority {row.priority} -> {priority} by {_by()}")
-    return jsonify({"name": name, "created": row.created, "priority": priority})
-
-
 # ---------------------------------------------------------------- revocation
 
 
 def _by() -> str:
     """Who asks, for the event: the admin account (API) or the console user."""
     return f"{g.get('principal', 'an operator')} (admin API)"
-
-
-@bp.delete("/keys/<path:name>")
-@require("admin")
-def delete_key(name: str) -> Any:
-    """Delete the API key ``name``; routers refuse it from their next routes refresh."""
-    with store().begin() as conn:
-        if not repo.delete_account(conn, f"key:{name}", "api_key"):
-            raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
-                                "list`")
-        repo.add_event(conn, now_of(conn), "key", name, f"API key deleted by {_by()}")
-    return jsonify({"deleted": name})
 
 
 @bp.post("/nodes/<path:name>/reset")

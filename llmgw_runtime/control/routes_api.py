@@ -65,7 +65,11 @@ def routes() -> Any:
                     **clean(start_streak(model, now, backoff))})
     return jsonify({"models": out, "api_key_hashes": [k.token_hash for k in keys],
                     "key_priorities": {k.token_hash: k.priority for k in keys
-                                       if k.priority != "normal"}})
+                                       if k.priority != "normal"},
+                    "key_models": {k.token_hash: repo.key_models(k) for k in keys
+                                   if k.models is not None},
+                    "key_expires_in_s": {k.token_hash: k.expires_at - now for k in keys
+                                         if k.expires_at is not None}})
 
 
 @bp.post("/idle")

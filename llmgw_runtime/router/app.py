@@ -44,13 +44,12 @@ from .metrics import CONTENT_TYPE, MetricsMiddleware, RouterMetrics
 from .openapi import openapi_document
 from .proxy import Admit, Answered, Upstreams, upstream_headers
 from .routes import ControlClient, ModelRoute, RoutesCache, RoutesTable
-from .wsgi import MAX_MODEL_NAME, ProxiedRoutes, retry_after_s
+from .wsgi import KEY_ID, MAX_MODEL_NAME, ProxiedRoutes, retry_after_s
 
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 _ACTIVATE_STATES = (ModelState.STARTING, ModelState.ACTIVATING, ModelState.IDLE)
-KEY_ID = "llmgw.key_id"     # in the environ: the API key's sha256 (the fairness key), or "-"
 
 
 class RouterState:
@@ -128,6 +127,10 @@ class RouterState:
             raise InvalidApiKey("the API key is not valid: use a key made with "
                                 "`llmgw ctl keys create NAME` (keys are shown only once)")
         self.key_throttle.succeeded(address)
+        if table.expired(key_id):
+            raise InvalidApiKey("this API key has expired: ask the operator for a new one "
+                                "(`llmgw ctl keys create NAME`) or a later expiry "
+                                "(`llmgw ctl keys set NAME --expires 30d`)")
 
     def _activate(self, model: str) -> dict[str, Any]:
         """Ask control to start ``model``; concurrent requests share one call a second."""
@@ -293,8 +296,10 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
     def models() -> Response:
         table = state.current_table()
         state.check_api_key(table, request.environ)
+        key_id = request.environ[KEY_ID]
         return jsonify({"object": "list", "data": [model_entry(table, name)
-                                                   for name in sorted(table.models)]})
+                                                   for name in sorted(table.models)
+                                                   if table.may_use(key_id, name)]})
 
     @bp.get("/v1/models/<path:model_id>")
     def model(model_id: str) -> Response:
@@ -304,7 +309,8 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
         state.check_api_key(table, request.environ)
         if len(model_id) <= MAX_MODEL_NAME:
             table = state.table_for(model_id, table)
-        if model_id not in table.models:
+        if model_id not in table.models or not table.may_use(request.environ[KEY_ID],
+                                                             model_id):
             raise ModelNotFound(f"model '{model_id[:MAX_MODEL_NAME]}' is not in the catalog; "
                                 "GET /v1/models lists the models this router serves",
                                 param="model")

@@ -59,6 +59,17 @@ class RoutesTable:
     fetched_at: float
     first_seen: dict[str, int] = field(default_factory=dict)  # model -> Unix s, for "created"
     key_priorities: dict[str, str] = field(default_factory=dict)  # key hash -> high/low
+    key_models: dict[str, frozenset[str]] = field(default_factory=dict)  # hash -> its scope
+    key_expiry: dict[str, float] = field(default_factory=dict)  # hash -> time.monotonic()
+
+    def may_use(self, key_id: str, model: str) -> bool:
+        """Whether the key ``key_id`` (its hash) may use ``model`` (its scope)."""
+        scope = self.key_models.get(key_id)
+        return scope is None or model in scope
+
+    def expired(self, key_id: str) -> bool:
+        deadline = self.key_expiry.get(key_id)
+        return deadline is not None and time.monotonic() >= deadline
 
     def replica_ids(self) -> set[str]:
         return {e.replica_id for m in self.models.values() for e in m.endpoints}
@@ -82,7 +93,10 @@ def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> Ro
     hashes = frozenset(doc.api_key_hashes)
     old = previous.first_seen if previous else {}
     first_seen = {name: old.get(name, int(now)) for name in models}
-    return RoutesTable(models, hashes, now, first_seen, dict(doc.key_priorities))
+    mono = time.monotonic()
+    return RoutesTable(models, hashes, now, first_seen, dict(doc.key_priorities),
+                       {h: frozenset(names) for h, names in doc.key_models.items()},
+                       {h: mono + left for h, left in doc.key_expires_in_s.items()})
 
 
 class ControlError(Exception):

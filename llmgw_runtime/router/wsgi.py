@@ -25,6 +25,7 @@ from .errors import (
     InvalidRequest,
     ModelAtCapacity,
     ModelFailing,
+    ModelNotFound,
     RouterError,
     TooManyFailedKeys,
     error_body,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+KEY_ID = "llmgw.key_id"     # in the environ: the API key's sha256 (the fairness key), or "-"
 MAX_JSON_DEPTH = 64        # arrays and objects in a request body
 MAX_MODEL_NAME = 200       # characters of 'model', as catalog names
 _ALLOW = "OPTIONS, POST"
@@ -133,6 +135,10 @@ class ProxiedRoutes:
                                  f"most {MAX_MODEL_NAME}: set it to one of the ids GET /v1/models "
                                  "lists", param="model")
         table = state.table_for(model, table)
+        if not table.may_use(environ[KEY_ID], model):    # outside the key's scope: absent
+            state.metrics.model_named(environ, UNKNOWN_MODEL)
+            raise ModelNotFound(f"model '{model}' is not in the catalog; GET /v1/models lists "
+                                "the models this router serves", param="model")
         state.metrics.model_named(environ, model if model in table.models else UNKNOWN_MODEL)
         route = state.resolve(model, table)
         return state.forward(environ, model, route, path, body, doc, table)

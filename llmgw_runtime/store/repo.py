@@ -358,14 +358,18 @@ def accounts_of_kind(conn: Connection, kind: str) -> list[Any]:
 
 
 def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: float,
-                priority: str = "normal") -> bool:
+                priority: str = "normal", models: list[str] | None = None,
+                expires_at: float | None = None) -> bool:
     """Create the account ``name`` (``priority``: an API key's, in a model's queue) or
     give it a new token; True when an existing account's token changed (rotated)."""
     row = conn.execute(sa.select(accounts).where(accounts.c.name == name)).first()
     if row is None:
         conn.execute(accounts.insert().values(name=name, kind=kind, token_hash=token_hash,
                                               is_admin=int(kind == "admin"), created=now,
-                                              priority=priority))
+                                              priority=priority,
+                                              models=None if models is None else
+                                              json.dumps(sorted(set(models))),
+                                              expires_at=expires_at))
     elif row.token_hash != token_hash or row.kind != kind:
         conn.execute(accounts.update().where(accounts.c.name == name)
                      .values(token_hash=token_hash, kind=kind, is_admin=int(kind == "admin")))
@@ -378,12 +382,38 @@ def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: fl
 def set_priority(conn: Connection, name: str, kind: str, priority: str) -> Any | None:
     """Set the priority of the account ``name`` of ``kind``; its row as it was, or None
     when there is none."""
+    return update_key(conn, name, kind, priority=priority)
+
+
+_UNCHANGED: Any = object()
+
+
+def update_key(conn: Connection, name: str, kind: str, *, priority: str | None = None,
+               models: list[str] | None = _UNCHANGED,
+               expires_at: float | None = _UNCHANGED) -> Any | None:
+    """Change what is given of the account ``name`` of ``kind``: its priority, the models
+    it may use (None: all) and when it expires (None: never); its row as it was, or None
+    when there is none."""
     row = conn.execute(sa.select(accounts).where(accounts.c.name == name)
                        .where(accounts.c.kind == kind)).first()
-    if row is not None:
-        conn.execute(accounts.update().where(accounts.c.id == row.id)
-                     .values(priority=priority))
+    if row is None:
+        return None
+    values: dict[str, Any] = {}
+    if priority is not None:
+        values["priority"] = priority
+    if models is not _UNCHANGED:
+        values["models"] = None if models is None else json.dumps(sorted(set(models)))
+    if expires_at is not _UNCHANGED:
+        values["expires_at"] = expires_at
+    if values:
+        conn.execute(accounts.update().where(accounts.c.id == row.id).values(**values))
     return row
+
+
+def key_models(row: Any) -> list[str] | None:
+    """The models an API key's row may use; None: every model."""
+    raw = getattr(row, "models", None)
+    return None if raw is None else list(json.loads(raw))
 
 
 def account_exists(conn: Connection, name: str) -> bool:

@@ -132,6 +132,10 @@ accounts = Table(
     # revision 0008: an API key's priority in a model's queue (high/normal/low)
     Column("priority", String(10), nullable=False, default="normal",
            server_default="normal"),
+    # revision 0009: the models an API key may use (JSON list; NULL: all) and when it
+    # stops working (store clock; NULL: never)
+    Column("models", Text, nullable=True),
+    Column("expires_at", Float, nullable=True),
 )
 
 leases = Table(

@@ -58,8 +58,13 @@ class Control(FakeControl):
         return super()._wsgi(environ, start_response)
 
 
-def table(*models: dict[str, Any], keys: Sequence[str] = (API_KEY,)) -> dict[str, Any]:
-    return {"models": list(models), "api_key_hashes": [hash_token(k) for k in keys]}
+def table(*models: dict[str, Any], keys: Sequence[str] = (API_KEY,),
+          scopes: dict[str, list[str]] | None = None,
+          expires_in_s: dict[str, float] | None = None) -> dict[str, Any]:
+    """A routes table; ``scopes`` and ``expires_in_s`` by key (not hashed)."""
+    return {"models": list(models), "api_key_hashes": [hash_token(k) for k in keys],
+            "key_models": {hash_token(k): v for k, v in (scopes or {}).items()},
+            "key_expires_in_s": {hash_token(k): v for k, v in (expires_in_s or {}).items()}}
 
 
 @pytest.fixture(scope="session")

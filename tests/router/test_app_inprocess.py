@@ -27,8 +27,9 @@ def keyless_control(engines: dict[str, str]) -> Iterator[FakeControl]:
 
 
 def _app(control_url: str, **kw: object) -> Flask:
+    kw.setdefault("refresh_interval_s", 0.2)
     cfg = RouterConfig(control_url=control_url, router_token=ROUTER_TOKEN,
-                       refresh_interval_s=0.2, **kw)  # type: ignore[arg-type]
+                       **kw)  # type: ignore[arg-type]
     app = create_app(cfg)
     return app
 

@@ -1,0 +1,149 @@
+"""``llmgw ctl keys``: router API keys: create, list, change, delete.
+
+A key may be limited to some models (``--models a,b``: other models answer 404 as if
+absent) and may expire (``--expires 30d``); both can be changed later (``keys set``), and
+neither changes the key itself. docs/keys.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from ..api import admin as messages
+from ..catalog import parse_duration
+from .ctl import client, part, say, show
+from .output import ago, output_option
+
+PRIORITY = click.Choice(("high", "normal", "low"))
+PRIORITY_HELP = ("its requests' turn in a model's queue when every slot is busy: high keys' "
+                 "first, low keys' last; fair among the keys of one priority")
+MODELS_HELP = ("the models it may use, comma-separated (others answer 404 as if absent); "
+               "default: every model")
+EXPIRES_HELP = "how long it works, like 30d, 12h or 90m (default: until deleted)"
+
+
+@click.group()
+def keys() -> None:
+    """Router API keys (stored hashed; a key is shown only when created)."""
+
+
+def _models(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise click.BadParameter("name at least one model (a,b) or use all", param_hint="--models")
+    return names
+
+
+def _lifetime(value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--expires") from None
+
+
+def expiry_text(key: dict[str, Any], now: float | None = None) -> str:
+    """"never", "in 29 d", "expired 2 h ago"."""
+    expires_at = key.get("expires_at")
+    if expires_at is None:
+        return "never"
+    left = expires_at - (time.time() if now is None else now)
+    if key.get("expired") or left <= 0:
+        return f"expired {ago(expires_at, now)}"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if left >= size:
+            return f"in {int(left // size)} {unit}"
+    return f"in {int(left) + 1} s"
+
+
+@keys.command("create")
+@click.argument("name")
+@click.option("--priority", type=PRIORITY, default="normal", show_default=True,
+              help=PRIORITY_HELP)
+@click.option("--models", "models", metavar="A,B", help=MODELS_HELP)
+@click.option("--expires", metavar="DURATION", help=EXPIRES_HELP)
+@click.pass_context
+def keys_create(ctx: click.Context, name: str, priority: str, models: str | None,
+                expires: str | None) -> None:
+    """Create API key NAME; the key is shown once."""
+    body: dict[str, Any] = {"name": name}
+    if priority != "normal":        # a control service older than priorities still works
+        body["priority"] = priority
+    if models is not None:
+        body["models"] = _models(models)
+    if expires is not None:
+        body["expires_in_s"] = _lifetime(expires)
+    result = client(ctx.parent).post(  # type: ignore[arg-type]
+        "/api/v1/keys", body, answer=messages.KeyCreated)
+    limits = []
+    if result.get("priority", "normal") != "normal":
+        limits.append(f"{result['priority']} priority")
+    if result.get("models") is not None:
+        limits.append("models " + ", ".join(result["models"]))
+    if result.get("expires_at") is not None:
+        limits.append("expires " + expiry_text(result))
+    say(f"API key {result['name']}" + (f" ({'; '.join(limits)})" if limits else "")
+        + " (shown once; store it now):")
+    say(result["key"])
+
+
+@keys.command("list")
+@output_option
+@click.pass_context
+def keys_list(ctx: click.Context, fmt: str) -> None:
+    """API keys with their priority, models, expiry and age (never the keys: only their
+    hashes are kept)."""
+    data = client(ctx.parent).get(  # type: ignore[arg-type]
+        "/api/v1/keys", answer=messages.Keys)
+    show(data, [(k["name"], k.get("priority", "normal"),
+                 "all" if k.get("models") is None else ",".join(k["models"]),
+                 expiry_text(k), ago(k["created"]))
+                for k in data["keys"]], ("NAME", "PRIORITY", "MODELS", "EXPIRES", "CREATED"),
+         fmt)
+
+
+@keys.command("set")
+@click.argument("name")
+@click.option("--priority", type=PRIORITY, help=PRIORITY_HELP)
+@click.option("--models", "models", metavar="A,B|all",
+              help="the models it may use, comma-separated, or all")
+@click.option("--expires", metavar="DURATION|never",
+              help="how long from now it works (30d, 12h), or never")
+@click.pass_context
+def keys_set(ctx: click.Context, name: str, priority: str | None, models: str | None,
+             expires: str | None) -> None:
+    """Change API key NAME's priority, models or expiry (the key itself stays); routers
+    use it from their next routes refresh."""
+    body: dict[str, Any] = {}
+    if priority is not None:
+        body["priority"] = priority
+    if models is not None:
+        body["models"] = "all" if models.strip() == "all" else _models(models)
+    if expires is not None:
+        body["expires_in_s"] = "never" if expires.strip() == "never" else _lifetime(expires)
+    if not body:
+        raise click.UsageError("say what to change: --priority, --models or --expires")
+    key = client(ctx).request("PATCH", f"/api/v1/keys/{part(name)}",
+                              json.dumps(body).encode(), answer=messages.KeyInfo)
+    now = []
+    if priority is not None:
+        now.append(f"priority {key.get('priority', priority)}")
+    if models is not None:
+        now.append("models " + ("all" if key.get("models") is None
+                                else ", ".join(key["models"])))
+    if expires is not None:
+        now.append("expires " + expiry_text(key))
+    say(f"API key {name}: {'; '.join(now)}; routers use it from their next routes refresh")
+
+
+@keys.command("delete")
+@click.argument("name")
+@click.pass_context
+def keys_delete(ctx: click.Context, name: str) -> None:
+    """Delete API key NAME: routers refuse it from their next routes refresh (about a
+    second: LLMGW_REFRESH_INTERVAL_S)."""
+    client(ctx).request("DELETE", f"/api/v1/keys/{part(name)}")
+    say(f"API key {name} deleted; routers refuse it from their next routes refresh")

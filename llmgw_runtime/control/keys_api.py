@@ -1,0 +1,162 @@
+"""Admin API: router API keys (``/api/v1/keys``): create, list, change, delete. Admin
+token on every route. A key is shown once, at creation; the store keeps its SHA-256.
+
+What a key may do is set here and carried to the routers in the routes table
+(routes_api.py): its priority in a model's queue, the models it may use (a scope: other
+models answer 404 as if absent) and when it expires (refused from then on). Times are the
+store's clock, so a control host's wall clock never decides an expiry.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from flask import Blueprint, g, jsonify, request
+
+from ..api.admin import KeyCreate, KeyUpdate
+from ..api.parse import parse_json
+from ..errors import ConflictError, NotFoundError, ValidationError
+from ..security import hash_token, new_token
+from ..store import repo
+from .web import json_body, now_of, require, store
+
+bp = Blueprint("keys", __name__, url_prefix="/api/v1")
+
+KEY_PRIORITIES = ("high", "normal", "low")
+
+
+def _by() -> str:
+    return f"{g.get('principal', 'an operator')} (admin API)"
+
+
+def _priority(value: Any) -> str:
+    """An API key's priority, or a 400 naming what is allowed."""
+    if value not in KEY_PRIORITIES:
+        raise ValidationError(f"priority {repr(value)[:40]} is unknown; use high, normal "
+                              "(the default) or low")
+    return str(value)
+
+
+def key_info(row: Any, now: float) -> dict[str, Any]:
+    """A key as ``GET /api/v1/keys`` lists it (``api.admin.KeyInfo``)."""
+    expires_at = row.expires_at
+    return {"name": row.name.removeprefix("key:"), "created": row.created,
+            "priority": row.priority, "models": repo.key_models(row),
+            "expires_at": expires_at,
+            "expired": expires_at is not None and expires_at <= now}
+
+
+def describe(models: list[str] | None, expires_at: float | None, now: float) -> str:
+    """What a key may do, for its event: "for models a, b, expiring in 30 d"."""
+    parts = []
+    if models is not None:
+        parts.append("for model" + ("" if len(models) == 1 else "s") + " " + ", ".join(models))
+    if expires_at is not None:
+        parts.append(f"expiring in {human_duration(expires_at - now)}")
+    return ", ".join(parts)
+
+
+def human_duration(seconds: float) -> str:
+    """``3 d``, ``5 h``, ``12 min``, ``40 s``: the largest whole unit."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{math.floor(seconds / size)} {unit}"
+    return f"{math.ceil(seconds)} s"
+
+
+@bp.post("/keys")
+@require("admin")
+def create_key() -> Any:
+    body = json_body(required=("name",))
+    name = body["name"]
+    if not isinstance(name, str) or not name.strip() or len(name) > 100:
+        raise ValidationError("name must be a non-empty string of at most 100 characters")
+    _priority(body.get("priority", "normal"))               # the clear message first
+    spec = parse_json(KeyCreate, request.get_data(cache=True), what="API key")
+    account = f"key:{name}"
+    key = new_token("api_key")
+    with store().begin() as conn:
+        now = now_of(conn)
+        if repo.account_exists(conn, account):
+            raise ConflictError(f"an API key named {name!r} exists; pick another name")
+        expires_at = None if spec.expires_in_s is None else now + spec.expires_in_s
+        models = None if spec.models is None else sorted(set(spec.models))
+        repo.put_account(conn, account, "api_key", hash_token(key), now,
+                         priority=spec.priority, models=models, expires_at=expires_at)
+        what = describe(models, expires_at, now)
+        repo.add_event(conn, now, "key", name, "API key created"
+                       + ("" if spec.priority == "normal" else f" with {spec.priority} priority")
+                       + (f" {what}" if what else ""))
+    return jsonify({"name": name, "key": key, "priority": spec.priority, "models": models,
+                    "expires_at": expires_at}), 201
+
+
+@bp.get("/keys")
+@require("admin")
+def list_keys() -> Any:
+    with store().begin() as conn:
+        now = now_of(conn)
+        rows = repo.accounts_of_kind(conn, "api_key")
+    return jsonify({"keys": [key_info(r, now) for r in rows]})
+
+
+@bp.patch("/keys/<path:name>")
+@require("admin")
+def update_key(name: str) -> Any:
+    """Change API key ``name``'s priority, scope or expiry; routers use it from their next
+    routes refresh. The key itself does not change."""
+    body = json_body()
+    if "priority" in body:
+        _priority(body["priority"])                         # the clear message first
+    change = parse_json(KeyUpdate, request.get_data(cache=True), what="key update")
+    if change.priority is None and change.models is None and change.expires_in_s is None:
+        raise ValidationError("nothing to change: give priority, models (a list, or \"all\") "
+                              "or expires_in_s (seconds, or \"never\")")
+    fields: dict[str, Any] = {}
+    if change.models is not None:
+        fields["models"] = None if change.models == "all" else sorted(set(change.models))
+    with store().begin() as conn:
+        now = now_of(conn)
+        if change.expires_in_s is not None:
+            fields["expires_at"] = (None if change.expires_in_s == "never"
+                                    else now + change.expires_in_s)
+        row = repo.update_key(conn, f"key:{name}", "api_key", priority=change.priority,
+                              **fields)
+        if row is None:
+            raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
+                                "list`")
+        for line in _changes(row, change.priority, fields, now):
+            repo.add_event(conn, now, "key", name, f"{line} by {_by()}")
+        updated = repo.account_by_hash(conn, row.token_hash)
+    return jsonify(key_info(updated, now))
+
+
+def _changes(row: Any, priority: str | None, fields: dict[str, Any], now: float
+             ) -> list[str]:
+    """One event line per thing that changed."""
+    lines = []
+    if priority is not None and priority != row.priority:
+        lines.append(f"API key priority {row.priority} -> {priority}")
+    if "models" in fields and fields["models"] != repo.key_models(row):
+        models = fields["models"]
+        lines.append("API key limited to " + ", ".join(models) if models is not None
+                     else "API key may use every model")
+    if "expires_at" in fields and fields["expires_at"] != row.expires_at:
+        expires_at = fields["expires_at"]
+        lines.append("API key never expires" if expires_at is None
+                     else f"API key expires in {human_duration(expires_at - now)}")
+    return lines
+
+
+@bp.delete("/keys/<path:name>")
+@require("admin")
+def delete_key(name: str) -> Any:
+    """Delete the API key ``name``; routers refuse it from their next routes refresh."""
+    with store().begin() as conn:
+        if not repo.delete_account(conn, f"key:{name}", "api_key"):
+            raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
+                                "list`")
+        repo.add_event(conn, now_of(conn), "key", name, f"API key deleted by {_by()}")
+    return jsonify({"deleted": name})
