@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .catalog_bounds import (
+    MAX_ALIASES,
     MAX_ARG_CHARS,
     MAX_ARGS,
     MAX_CLASS_CHARS,
@@ -49,7 +50,7 @@ from .weights.sources import parse_source
 ENGINES = ("llama.cpp", "vllm")
 MODEL_FIELDS = ("name", "source", "engine", "profile", "replicas", "on_demand",
                 "idle_stop_after", "args", "strategy", "sha256", "size_bytes",
-                "routing", "slots", "max_queue", "max_wait_s")
+                "routing", "slots", "max_queue", "max_wait_s", "aliases")
 STRATEGIES = ("binpack", "spread")
 ROUTINGS = ("prefix-affinity", "least-outstanding")
 DEFAULT_MAX_QUEUE = 100
@@ -107,6 +108,8 @@ class ModelSpec:
     slots: int | None = None
     max_queue: int = DEFAULT_MAX_QUEUE
     max_wait_s: float = DEFAULT_MAX_WAIT_S
+    # Other names clients may use for it ("model": an alias); each names this model only.
+    aliases: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def definition_hash(self) -> str:
@@ -278,6 +281,7 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
         problems.append(f"{who}: sha256 and size_bytes apply to https:// and file:// "
                         "sources; huggingface_hub checks hf:// downloads itself")
     routing, slots, max_queue, max_wait_s = _admission(problems, who, raw, engine, args)
+    aliases = _aliases(problems, who, raw.get("aliases", []), name)
     if len(problems) > before or profile is None:
         return None
     assert isinstance(name, str) and isinstance(source, str) and isinstance(engine, str)
@@ -286,7 +290,55 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
                      args=tuple(str(a) for a in args), strategy=str(strategy),
                      sha256=sha256.lower() if isinstance(sha256, str) else None,
                      size_bytes=size, routing=routing, slots=slots, max_queue=max_queue,
-                     max_wait_s=max_wait_s)
+                     max_wait_s=max_wait_s, aliases=aliases)
+
+
+def _aliases(problems: list[str], who: str, raw: Any, name: Any) -> tuple[str, ...]:
+    """An entry's aliases: routable names, distinct, not its own name."""
+    if not isinstance(raw, list):
+        problems.append(f"{who}: aliases must be a list of names like [gpt-4o-mini, chat], "
+                        f"not {brief(raw)}")
+        return ()
+    if len(raw) > MAX_ALIASES:
+        problems.append(f"{who}: {len(raw)} aliases, over the maximum of {MAX_ALIASES} "
+                        "(llmgw's MAX_ALIASES)")
+        return ()
+    out: list[str] = []
+    for alias in raw:
+        if not isinstance(alias, str) or len(alias) > MAX_NAME_CHARS \
+                or not NAME_RE.match(alias):
+            problems.append(f"{who}: alias {brief(alias)} cannot be routed; use letters, "
+                            "digits and . _ - : @ + / (no spaces, not starting with / or .)")
+        elif alias == name:
+            problems.append(f"{who}: alias {brief(alias)} is the model's own name; remove it")
+        elif alias in out:
+            problems.append(f"{who}: alias {brief(alias)} is listed twice")
+        else:
+            out.append(alias)
+    return tuple(out)
+
+
+def name_clashes(specs: list[ModelSpec], others: dict[str, tuple[str, ...]] | None = None
+                 ) -> list[str]:
+    """Every name clients could use twice: a model's alias that is another model's name or
+    alias, in ``specs`` or among ``others`` (models that stay in the store: name ->
+    aliases). An alias names one model only."""
+    owner: dict[str, str] = {}
+    problems: list[str] = []
+    everyone = [(s.name, s.aliases) for s in specs] + list((others or {}).items())
+    for model, _ in everyone:
+        owner.setdefault(model, model)
+    for model, aliases in everyone:
+        for alias in aliases:
+            taken = owner.get(alias)
+            if taken is not None and taken != model:
+                what = "the name of" if taken == alias else "an alias of"
+                problems.append(f"model {brief_text(model)}: alias {brief_text(alias)} is "
+                                f"already {what} model {brief_text(taken)}; an alias names one "
+                                "model only")
+            else:
+                owner[alias] = model
+    return problems
 
 
 def _admission(problems: list[str], who: str, raw: dict[str, Any], engine: Any,
@@ -411,6 +463,7 @@ def validate(document: Any) -> list[ModelSpec]:
             seen.setdefault(name, index)
         if spec is not None:
             specs.append(spec)
+    problems += name_clashes(specs)
     if problems:
         noun = "problem" if len(problems) == 1 else "problems"
         raise CatalogError(f"the catalog has {len(problems)} {noun}; nothing was applied",
@@ -434,7 +487,8 @@ def spec_from_row(row: Any) -> ModelSpec:
                      replicas=row.replicas, on_demand=bool(row.on_demand),
                      idle_stop_after_s=row.idle_stop_after_s, args=tuple(json.loads(row.args)),
                      strategy=row.strategy or "binpack", sha256=row.sha256,
-                     size_bytes=row.size_bytes, **_admission_of(row))
+                     size_bytes=row.size_bytes, **_admission_of(row),
+                     aliases=tuple(json.loads(getattr(row, "aliases", None) or "[]")))
 
 
 def _admission_of(row: Any) -> dict[str, Any]:

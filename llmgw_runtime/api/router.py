@@ -20,6 +20,7 @@ from .fields import (
 from .states import Activation, ModelState
 
 MAX_ROUTED_MODELS = 10_000
+MAX_ALIASES = 16          # catalog_bounds.MAX_ALIASES
 MAX_KEYS = 100_000
 Url = Annotated[str, Field(max_length=300, pattern=r"^https?://[A-Za-z0-9._:\[\]-]+(:\d+)?/?$")]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -58,6 +59,8 @@ class RouteModel(Answer):
     routing: Routing = "prefix-affinity"
     max_queue: Annotated[int, Field(strict=True, ge=0, le=MAX_QUEUE)] = 100
     max_wait_s: WaitSeconds = 30.0
+    # Other names clients may use for it (the catalog's aliases); each names one model.
+    aliases: list[Name] = Field(default_factory=list, max_length=MAX_ALIASES)
 
 
 class Routes(Answer):

@@ -297,9 +297,10 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
         table = state.current_table()
         state.check_api_key(table, request.environ)
         key_id = request.environ[KEY_ID]
-        return jsonify({"object": "list", "data": [model_entry(table, name)
-                                                   for name in sorted(table.models)
-                                                   if table.may_use(key_id, name)]})
+        names = sorted([*table.models, *table.aliases])
+        return jsonify({"object": "list", "data": [
+            model_entry(table, name) for name in names
+            if table.may_use(key_id, table.canonical(name))]})
 
     @bp.get("/v1/models/<path:model_id>")
     def model(model_id: str) -> Response:
@@ -307,10 +308,10 @@ def _openai_blueprint(state: RouterState) -> Blueprint:
         added a moment ago is looked up again before the 404, as for a request."""
         table = state.current_table()
         state.check_api_key(table, request.environ)
-        if len(model_id) <= MAX_MODEL_NAME:
+        if len(model_id) <= MAX_MODEL_NAME and model_id not in table.aliases:
             table = state.table_for(model_id, table)
-        if model_id not in table.models or not table.may_use(request.environ[KEY_ID],
-                                                             model_id):
+        name = table.canonical(model_id)
+        if name not in table.models or not table.may_use(request.environ[KEY_ID], name):
             raise ModelNotFound(f"model '{model_id[:MAX_MODEL_NAME]}' is not in the catalog; "
                                 "GET /v1/models lists the models this router serves",
                                 param="model")
@@ -329,8 +330,8 @@ _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 
 def model_entry(table: RoutesTable, name: str) -> dict[str, Any]:
     """A model as OpenAI's ``GET /v1/models`` lists it (``api.router.ModelEntry``)."""
-    return {"id": name, "object": "model", "created": table.first_seen.get(name, 0),
-            "owned_by": "llmgw"}
+    return {"id": name, "object": "model",
+            "created": table.first_seen.get(table.canonical(name), 0), "owned_by": "llmgw"}
 
 
 def not_control_message(control_url: str) -> str:

@@ -61,6 +61,11 @@ class RoutesTable:
     key_priorities: dict[str, str] = field(default_factory=dict)  # key hash -> high/low
     key_models: dict[str, frozenset[str]] = field(default_factory=dict)  # hash -> its scope
     key_expiry: dict[str, float] = field(default_factory=dict)  # hash -> time.monotonic()
+    aliases: dict[str, str] = field(default_factory=dict)   # alias -> model name
+
+    def canonical(self, name: str) -> str:
+        """The model a client's ``model`` names: itself, or the model it is an alias of."""
+        return self.aliases.get(name, name)
 
     def may_use(self, key_id: str, model: str) -> bool:
         """Whether the key ``key_id`` (its hash) may use ``model`` (its scope)."""
@@ -94,9 +99,17 @@ def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> Ro
     old = previous.first_seen if previous else {}
     first_seen = {name: old.get(name, int(now)) for name in models}
     mono = time.monotonic()
+    # An alias names one model (the catalog refuses clashes; a table that has one anyway
+    # keeps model names first, then the first model listing the alias).
+    aliases: dict[str, str] = {}
+    for m in doc.models:
+        for alias in m.aliases:
+            if alias not in models:
+                aliases.setdefault(alias, m.name)
     return RoutesTable(models, hashes, now, first_seen, dict(doc.key_priorities),
                        {h: frozenset(names) for h, names in doc.key_models.items()},
-                       {h: mono + left for h, left in doc.key_expires_in_s.items()})
+                       {h: mono + left for h, left in doc.key_expires_in_s.items()},
+                       aliases)
 
 
 class ControlError(Exception):

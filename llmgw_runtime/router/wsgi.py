@@ -134,10 +134,15 @@ class ProxiedRoutes:
             raise InvalidRequest(f"'model' is {len(model)} characters long; model names have at "
                                  f"most {MAX_MODEL_NAME}: set it to one of the ids GET /v1/models "
                                  "lists", param="model")
-        table = state.table_for(model, table)
+        if model not in table.aliases:
+            table = state.table_for(model, table)
+        asked, model = model, table.canonical(model)
+        if model != asked:      # an alias: the engine serves the model under its own name
+            doc = {**doc, "model": model}
+            body = json.dumps(doc).encode()     # ASCII escapes: lone surrogates survive
         if not table.may_use(environ[KEY_ID], model):    # outside the key's scope: absent
             state.metrics.model_named(environ, UNKNOWN_MODEL)
-            raise ModelNotFound(f"model '{model}' is not in the catalog; GET /v1/models lists "
+            raise ModelNotFound(f"model '{asked}' is not in the catalog; GET /v1/models lists "
                                 "the models this router serves", param="model")
         state.metrics.model_named(environ, model if model in table.models else UNKNOWN_MODEL)
         route = state.resolve(model, table)

@@ -32,6 +32,7 @@ def model_to_dict(row: Any) -> dict[str, Any]:
         "sha256": row.sha256, "size_bytes": row.size_bytes,
         "routing": row.routing, "slots": row.slots, "max_queue": row.max_queue,
         "max_wait_s": row.max_wait_s, "capacity_at": row.capacity_at,
+        "aliases": json.loads(row.aliases) if row.aliases else [],
         "capacity": json.loads(row.capacity) if row.capacity else None,
     }
 
@@ -44,7 +45,8 @@ def _model_values(spec: ModelSpec) -> dict[str, Any]:
             "definition_hash": spec.definition_hash, "strategy": spec.strategy,
             "sha256": spec.sha256, "size_bytes": spec.size_bytes,
             "routing": spec.routing, "slots": spec.slots, "max_queue": spec.max_queue,
-            "max_wait_s": spec.max_wait_s}
+            "max_wait_s": spec.max_wait_s,
+            "aliases": json.dumps(list(spec.aliases)) if spec.aliases else None}
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,

@@ -51,6 +51,8 @@ models = Table(
     Column("max_wait_s", Float, nullable=False, default=30.0, server_default="30"),
     Column("capacity_at", Float, nullable=True),     # store clock of the newest report
     Column("capacity", Text, nullable=True),         # JSON: store/capacity.py
+    # revision 0010: other names clients may use for it (JSON list; NULL: none)
+    Column("aliases", Text, nullable=True),
 )
 
 nodes = Table(

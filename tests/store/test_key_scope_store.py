@@ -1,5 +1,6 @@
-"""Revision 0009 on both backends: a key made before it keeps working with every model
-and no expiry; a scope and an expiry round-trip; it downgrades."""
+"""Revisions 0009 and 0010 on both backends: a key made before them keeps working with
+every model and no expiry; a scope, an expiry and a model's aliases round-trip; both
+downgrade."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def test_a_store_at_0008_keeps_its_keys_unscoped_and_unexpiring(store_url: str) 
             conn.execute(sa.text(
                 "INSERT INTO accounts (name, kind, token_hash, is_admin, created, priority) "
                 "VALUES ('key:app', 'api_key', 'x', 0, 1, 'high')"))
-        assert store.migrate() == "0009"
+        assert store.migrate() == "0010"
         with store.begin() as conn:
             [key] = repo.accounts_of_kind(conn, "api_key")
             assert (repo.key_models(key), key.expires_at, key.priority) == (None, None, "high")
@@ -28,6 +29,29 @@ def test_a_store_at_0008_keeps_its_keys_unscoped_and_unexpiring(store_url: str) 
         alembic(store, "downgrade", "0008")
         with store.engine.connect() as conn:
             columns = {c["name"] for c in sa.inspect(conn).get_columns("accounts")}
+            model_columns = {c["name"] for c in sa.inspect(conn).get_columns("models")}
         assert "models" not in columns and "expires_at" not in columns and "priority" in columns
+        assert "aliases" not in model_columns and "routing" in model_columns
+    finally:
+        store.dispose()
+
+
+def test_a_models_aliases_round_trip_and_0010_downgrades(store_url: str) -> None:
+    from llmgw_runtime import catalog
+
+    store = Store(store_url)
+    try:
+        assert store.migrate() == "0010"
+        with store.begin() as conn:
+            repo.apply_catalog(conn, catalog.parse(
+                "models:\n  - {name: chat, source: /c.gguf, engine: llama.cpp, "
+                "profile: {class: cpu}, aliases: [gpt-4o-mini]}\n"), 1.0)
+            row = repo.get_model(conn, "chat")
+            assert catalog.spec_from_row(row).aliases == ("gpt-4o-mini",)
+            assert repo.model_to_dict(row)["aliases"] == ["gpt-4o-mini"]
+        alembic(store, "downgrade", "0009")
+        with store.engine.connect() as conn:
+            model_columns = {c["name"] for c in sa.inspect(conn).get_columns("models")}
+        assert "aliases" not in model_columns
     finally:
         store.dispose()
