@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .catalog_bounds import (
-    MAX_ALIASES,
     MAX_ARG_CHARS,
     MAX_ARGS,
     MAX_CLASS_CHARS,
@@ -41,6 +40,7 @@ from .catalog_bounds import (
     cap_problems,
     load_yaml,
 )
+from .catalog_names import NAME_RE, aliases_of, fallback_of, name_clashes
 from .engines.drivers import args_problem
 from .engines.owned import owned_flags_in, owned_flags_message
 from .engines.slots import SLOT_FLAGS, slots_from_args
@@ -50,7 +50,7 @@ from .weights.sources import parse_source
 ENGINES = ("llama.cpp", "vllm")
 MODEL_FIELDS = ("name", "source", "engine", "profile", "replicas", "on_demand",
                 "idle_stop_after", "args", "strategy", "sha256", "size_bytes",
-                "routing", "slots", "max_queue", "max_wait_s", "aliases")
+                "routing", "slots", "max_queue", "max_wait_s", "aliases", "fallback")
 STRATEGIES = ("binpack", "spread")
 ROUTINGS = ("prefix-affinity", "least-outstanding")
 DEFAULT_MAX_QUEUE = 100
@@ -58,8 +58,6 @@ DEFAULT_MAX_WAIT_S = 30.0
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 PROFILE_FIELDS = ("class", "gpus", "tp", "pp", "nodes", "memory_gb")
 SOURCE_SCHEMES = ("file://", "hf://", "https://", "http://")
-# What a client can put in "model" and the router can route: no spaces, no leading slash.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*(/[A-Za-z0-9._:@+-]+)*$")
 CLASS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -110,6 +108,8 @@ class ModelSpec:
     max_wait_s: float = DEFAULT_MAX_WAIT_S
     # Other names clients may use for it ("model": an alias); each names this model only.
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    # Models its requests go to, in order, when it is parked, unplaceable or at capacity.
+    fallback: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def definition_hash(self) -> str:
@@ -281,7 +281,8 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
         problems.append(f"{who}: sha256 and size_bytes apply to https:// and file:// "
                         "sources; huggingface_hub checks hf:// downloads itself")
     routing, slots, max_queue, max_wait_s = _admission(problems, who, raw, engine, args)
-    aliases = _aliases(problems, who, raw.get("aliases", []), name)
+    aliases = aliases_of(problems, who, raw.get("aliases", []), name)
+    fallback = fallback_of(problems, who, raw.get("fallback", []), name)
     if len(problems) > before or profile is None:
         return None
     assert isinstance(name, str) and isinstance(source, str) and isinstance(engine, str)
@@ -290,55 +291,7 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
                      args=tuple(str(a) for a in args), strategy=str(strategy),
                      sha256=sha256.lower() if isinstance(sha256, str) else None,
                      size_bytes=size, routing=routing, slots=slots, max_queue=max_queue,
-                     max_wait_s=max_wait_s, aliases=aliases)
-
-
-def _aliases(problems: list[str], who: str, raw: Any, name: Any) -> tuple[str, ...]:
-    """An entry's aliases: routable names, distinct, not its own name."""
-    if not isinstance(raw, list):
-        problems.append(f"{who}: aliases must be a list of names like [gpt-4o-mini, chat], "
-                        f"not {brief(raw)}")
-        return ()
-    if len(raw) > MAX_ALIASES:
-        problems.append(f"{who}: {len(raw)} aliases, over the maximum of {MAX_ALIASES} "
-                        "(llmgw's MAX_ALIASES)")
-        return ()
-    out: list[str] = []
-    for alias in raw:
-        if not isinstance(alias, str) or len(alias) > MAX_NAME_CHARS \
-                or not NAME_RE.match(alias):
-            problems.append(f"{who}: alias {brief(alias)} cannot be routed; use letters, "
-                            "digits and . _ - : @ + / (no spaces, not starting with / or .)")
-        elif alias == name:
-            problems.append(f"{who}: alias {brief(alias)} is the model's own name; remove it")
-        elif alias in out:
-            problems.append(f"{who}: alias {brief(alias)} is listed twice")
-        else:
-            out.append(alias)
-    return tuple(out)
-
-
-def name_clashes(specs: list[ModelSpec], others: dict[str, tuple[str, ...]] | None = None
-                 ) -> list[str]:
-    """Every name clients could use twice: a model's alias that is another model's name or
-    alias, in ``specs`` or among ``others`` (models that stay in the store: name ->
-    aliases). An alias names one model only."""
-    owner: dict[str, str] = {}
-    problems: list[str] = []
-    everyone = [(s.name, s.aliases) for s in specs] + list((others or {}).items())
-    for model, _ in everyone:
-        owner.setdefault(model, model)
-    for model, aliases in everyone:
-        for alias in aliases:
-            taken = owner.get(alias)
-            if taken is not None and taken != model:
-                what = "the name of" if taken == alias else "an alias of"
-                problems.append(f"model {brief_text(model)}: alias {brief_text(alias)} is "
-                                f"already {what} model {brief_text(taken)}; an alias names one "
-                                "model only")
-            else:
-                owner[alias] = model
-    return problems
+                     max_wait_s=max_wait_s, aliases=aliases, fallback=fallback)
 
 
 def _admission(problems: list[str], who: str, raw: dict[str, Any], engine: Any,
@@ -488,7 +441,8 @@ def spec_from_row(row: Any) -> ModelSpec:
                      idle_stop_after_s=row.idle_stop_after_s, args=tuple(json.loads(row.args)),
                      strategy=row.strategy or "binpack", sha256=row.sha256,
                      size_bytes=row.size_bytes, **_admission_of(row),
-                     aliases=tuple(json.loads(getattr(row, "aliases", None) or "[]")))
+                     aliases=tuple(json.loads(getattr(row, "aliases", None) or "[]")),
+                     fallback=tuple(json.loads(getattr(row, "fallback", None) or "[]")))
 
 
 def _admission_of(row: Any) -> dict[str, Any]:

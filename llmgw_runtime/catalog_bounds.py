@@ -28,6 +28,7 @@ MAX_MODELS = 2000                       # entries in models
 # -- one model -------------------------------------------------------------------------------
 MAX_NAME_CHARS = 200
 MAX_ALIASES = 16                        # other names of one model
+MAX_FALLBACKS = 8                       # models one model's requests may fall back to
 MAX_SOURCE_CHARS = 2048
 MAX_CLASS_CHARS = 64
 MAX_REPLICAS = 256

@@ -21,6 +21,7 @@ from .states import Activation, ModelState
 
 MAX_ROUTED_MODELS = 10_000
 MAX_ALIASES = 16          # catalog_bounds.MAX_ALIASES
+MAX_FALLBACKS = 8         # catalog_bounds.MAX_FALLBACKS
 MAX_KEYS = 100_000
 Url = Annotated[str, Field(max_length=300, pattern=r"^https?://[A-Za-z0-9._:\[\]-]+(:\d+)?/?$")]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -61,6 +62,9 @@ class RouteModel(Answer):
     max_wait_s: WaitSeconds = 30.0
     # Other names clients may use for it (the catalog's aliases); each names one model.
     aliases: list[Name] = Field(default_factory=list, max_length=MAX_ALIASES)
+    # Models its requests go to, in order, when it is parked, unplaceable or at capacity
+    # (one step: their own fallbacks are not followed).
+    fallback: list[Name] = Field(default_factory=list, max_length=MAX_FALLBACKS)
 
 
 class Routes(Answer):

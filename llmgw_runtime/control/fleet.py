@@ -15,7 +15,8 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from ..catalog import ModelSpec, name_clashes, spec_from_row
+from ..catalog import ModelSpec, spec_from_row
+from ..catalog_names import fallback_problems, name_clashes
 from ..errors import CatalogError, NotFoundError
 from ..placement import place
 from ..status import summary as status_summary
@@ -134,15 +135,17 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
     nothing and log no event."""
     rows = repo.list_models(conn)
     before = {m.name: m.definition_hash for m in rows}
-    if not prune:    # the models that stay must not share a name with the new ones
-        named = {s.name for s in specs}
-        staying = {m.name: spec_from_row(m).aliases for m in rows if m.name not in named}
-        clashes = name_clashes(specs, staying)
-        if clashes:
-            raise CatalogError("the catalog clashes with models already in the store; "
-                               "nothing was applied", details=clashes[:20] + [
-                                   "rename the alias, or apply with --prune to drop the "
-                                   "models the catalog no longer lists"])
+    named = {s.name for s in specs}
+    # the models that stay (no --prune) must not share a name with the new ones, and
+    # fallbacks may name them
+    staying = {} if prune else {m.name: spec_from_row(m).aliases for m in rows
+                                if m.name not in named}
+    clashes = name_clashes(specs, staying) + fallback_problems(specs, staying)
+    if clashes:
+        raise CatalogError("the catalog does not fit the models it names; nothing was "
+                           "applied", details=clashes[:20] + [
+                               "rename the alias or the fallback; --prune drops the "
+                               "models the catalog no longer lists"])
     result = repo.apply_catalog(conn, specs, now, prune=prune)
     for spec in specs:
         if new_definition(before.get(spec.name), spec.definition_hash):

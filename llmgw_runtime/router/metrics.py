@@ -95,6 +95,10 @@ class RouterMetrics:
             "llmgw_router_rejected", "Requests refused for capacity (queue_full, timeout) "
             "or whose client went away while waiting (client_gone)", ["model", "reason"],
             registry=owner)
+        self.fallbacks = Counter(
+            "llmgw_router_fallbacks", "Requests for a model served by one of its fallback "
+            "models, by why the model could not serve (parked, unplaceable, at_capacity)",
+            ["model", "fallback", "reason"], registry=owner)
         # llmgw_router_slots_in_use{model}: read at scrape time (admit.Gate.slots_in_use)
         self.slots_in_use_source: Callable[[], dict[str, int]] | None = None
         self.registry.register(_SlotsInUse(self))

@@ -27,6 +27,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
 _DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization"}
 _DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length"}
 REPLICA_HEADER = "X-Llmgw-Replica"     # names the replica that served (not a secret)
+MODEL_HEADER = "X-Llmgw-Model"         # names the model that served (a fallback, say)
 
 
 # environ key -> header name, or None when not forwarded (bounded: clients name headers)
@@ -139,6 +140,7 @@ class Upstreams:
                      or ctype.startswith("text/event-stream"))
         headers = downstream_headers(answer.headers)
         headers.append((REPLICA_HEADER, ep.replica_id))
+        headers.append((MODEL_HEADER, model))
         if not streaming:
             try:
                 data = answer.read()

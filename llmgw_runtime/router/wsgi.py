@@ -26,8 +26,11 @@ from .errors import (
     ModelAtCapacity,
     ModelFailing,
     ModelNotFound,
+    ModelParked,
+    ModelUnplaceable,
     RouterError,
     TooManyFailedKeys,
+    UpstreamError,
     error_body,
 )
 from .metrics import PROXIED_PATHS, UNKNOWN_MODEL, RouterMetrics, StartResponse, WSGIApp
@@ -35,6 +38,7 @@ from .proxy import Answered
 
 if TYPE_CHECKING:
     from .app import RouterState
+    from .routes import RoutesTable
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +149,37 @@ class ProxiedRoutes:
             raise ModelNotFound(f"model '{asked}' is not in the catalog; GET /v1/models lists "
                                 "the models this router serves", param="model")
         state.metrics.model_named(environ, model if model in table.models else UNKNOWN_MODEL)
-        route = state.resolve(model, table)
-        return state.forward(environ, model, route, path, body, doc, table)
+        try:
+            route = state.resolve(model, table)
+            return state.forward(environ, model, route, path, body, doc, table)
+        except (ModelParked, ModelUnplaceable, ModelAtCapacity) as exc:
+            served = self._fall_back(environ, model, exc, path, doc, table)
+            if served is None:
+                raise
+            return served
+
+    def _fall_back(self, environ: dict[str, Any], model: str, why: RouterError, path: str,
+                   doc: dict[str, Any], table: RoutesTable) -> Answered | None:
+        """The answer of the first of ``model``'s fallback models that can serve now (ready
+        replicas, within the key's scope, a slot or room in its queue), or None. One step:
+        a fallback's own fallbacks are not followed."""
+        state = self._state
+        route = table.models.get(model)
+        reason = why.code.removeprefix("model_")
+        for other in route.fallback if route is not None else ():
+            fallback = table.models.get(other)
+            if fallback is None or not table.may_use(environ[KEY_ID], other) \
+                    or not state.balancer.usable(fallback.endpoints):
+                continue
+            other_doc = {**doc, "model": other}
+            try:
+                answer = state.forward(environ, other, fallback, path,
+                                       json.dumps(other_doc).encode(), other_doc, table)
+            except (ModelAtCapacity, UpstreamError):
+                continue
+            state.metrics.child(state.metrics.fallbacks, model, other, reason).inc()
+            return answer
+        return None
 
 
 def _json_kind(value: Any) -> str:

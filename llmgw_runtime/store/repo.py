@@ -33,6 +33,7 @@ def model_to_dict(row: Any) -> dict[str, Any]:
         "routing": row.routing, "slots": row.slots, "max_queue": row.max_queue,
         "max_wait_s": row.max_wait_s, "capacity_at": row.capacity_at,
         "aliases": json.loads(row.aliases) if row.aliases else [],
+        "fallback": json.loads(row.fallback) if row.fallback else [],
         "capacity": json.loads(row.capacity) if row.capacity else None,
     }
 
@@ -46,7 +47,8 @@ def _model_values(spec: ModelSpec) -> dict[str, Any]:
             "sha256": spec.sha256, "size_bytes": spec.size_bytes,
             "routing": spec.routing, "slots": spec.slots, "max_queue": spec.max_queue,
             "max_wait_s": spec.max_wait_s,
-            "aliases": json.dumps(list(spec.aliases)) if spec.aliases else None}
+            "aliases": json.dumps(list(spec.aliases)) if spec.aliases else None,
+            "fallback": json.dumps(list(spec.fallback)) if spec.fallback else None}
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,

@@ -53,6 +53,8 @@ models = Table(
     Column("capacity", Text, nullable=True),         # JSON: store/capacity.py
     # revision 0010: other names clients may use for it (JSON list; NULL: none)
     Column("aliases", Text, nullable=True),
+    # revision 0011: models its requests go to when it cannot serve (JSON list; NULL: none)
+    Column("fallback", Text, nullable=True),
 )
 
 nodes = Table(

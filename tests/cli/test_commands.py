@@ -29,7 +29,7 @@ def invoke(*args: str, env: dict[str, str | None] | None = None) -> tuple[int, s
 
 def test_server_migrate_creates_the_store(tmp_path: Path) -> None:
     code, out = invoke("server", "--database-url", f"sqlite:///{tmp_path}/s.db", "migrate")
-    assert code == 0 and "store migrated to revision 0010" in out
+    assert code == 0 and "store migrated to revision 0011" in out
     assert (tmp_path / "s.db").is_file()
 
 

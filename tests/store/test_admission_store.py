@@ -41,7 +41,7 @@ def test_a_store_at_0007_keeps_its_rows_with_the_defaults(store_url: str) -> Non
             conn.execute(sa.text(
                 "INSERT INTO accounts (name, kind, token_hash, is_admin, created) "
                 "VALUES ('key:app', 'api_key', 'x', 0, 1)"))
-        assert store.migrate() == "0010"
+        assert store.migrate() == "0011"
         with store.begin() as conn:
             row = repo.get_model(conn, "old")
             assert row is not None

@@ -19,7 +19,7 @@ def test_a_store_at_0008_keeps_its_keys_unscoped_and_unexpiring(store_url: str) 
             conn.execute(sa.text(
                 "INSERT INTO accounts (name, kind, token_hash, is_admin, created, priority) "
                 "VALUES ('key:app', 'api_key', 'x', 0, 1, 'high')"))
-        assert store.migrate() == "0010"
+        assert store.migrate() == "0011"
         with store.begin() as conn:
             [key] = repo.accounts_of_kind(conn, "api_key")
             assert (repo.key_models(key), key.expires_at, key.priority) == (None, None, "high")
@@ -36,22 +36,25 @@ def test_a_store_at_0008_keeps_its_keys_unscoped_and_unexpiring(store_url: str) 
         store.dispose()
 
 
-def test_a_models_aliases_round_trip_and_0010_downgrades(store_url: str) -> None:
+def test_a_models_aliases_and_fallbacks_round_trip_and_downgrade(store_url: str) -> None:
     from llmgw_runtime import catalog
 
     store = Store(store_url)
     try:
-        assert store.migrate() == "0010"
+        assert store.migrate() == "0011"
         with store.begin() as conn:
             repo.apply_catalog(conn, catalog.parse(
                 "models:\n  - {name: chat, source: /c.gguf, engine: llama.cpp, "
-                "profile: {class: cpu}, aliases: [gpt-4o-mini]}\n"), 1.0)
+                "profile: {class: cpu}, aliases: [gpt-4o-mini], fallback: [chat2]}\n"
+                "  - {name: chat2, source: /c.gguf, engine: llama.cpp, profile: {class: cpu}}\n"),
+                1.0)
             row = repo.get_model(conn, "chat")
             assert catalog.spec_from_row(row).aliases == ("gpt-4o-mini",)
             assert repo.model_to_dict(row)["aliases"] == ["gpt-4o-mini"]
+            assert catalog.spec_from_row(row).fallback == ("chat2",)
         alembic(store, "downgrade", "0009")
         with store.engine.connect() as conn:
             model_columns = {c["name"] for c in sa.inspect(conn).get_columns("models")}
-        assert "aliases" not in model_columns
+        assert "aliases" not in model_columns and "fallback" not in model_columns
     finally:
         store.dispose()
