@@ -17,29 +17,47 @@ if TYPE_CHECKING:
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*(/[A-Za-z0-9._:@+-]+)*$")
 
 
-def fallback_of(problems: list[str], who: str, raw: Any, name: Any) -> tuple[str, ...]:
-    """An entry's fallback models: names, distinct, not itself (that they are models of
-    the catalog is checked with the whole catalog: :func:`fallback_problems`)."""
+def _names(problems: list[str], who: str, raw: Any, name: Any, *, field: str, one: str,
+           many: str, maximum: tuple[int, str], example: str, unroutable: str,
+           itself: str) -> tuple[str, ...]:
+    """The list of names in an entry's ``field``: a list, at most ``maximum`` (its value
+    and its name), each routable, not the entry's own name, none twice; each problem
+    names the item as ``one`` (``many``: several)."""
     if not isinstance(raw, list):
-        problems.append(f"{who}: fallback must be a list of model names like [small-chat], "
-                        f"not {brief(raw)}")
+        problems.append(f"{who}: {field} must be a list of {example}, not {brief(raw)}")
         return ()
-    if len(raw) > MAX_FALLBACKS:
-        problems.append(f"{who}: {len(raw)} fallback models, over the maximum of "
-                        f"{MAX_FALLBACKS} (llmgw's MAX_FALLBACKS)")
+    if len(raw) > maximum[0]:
+        problems.append(f"{who}: {len(raw)} {many}, over the maximum of {maximum[0]} "
+                        f"(llmgw's {maximum[1]})")
         return ()
     out: list[str] = []
-    for other in raw:
-        if not isinstance(other, str) or len(other) > MAX_NAME_CHARS \
-                or not NAME_RE.match(other):
-            problems.append(f"{who}: fallback {brief(other)} is not a model name")
-        elif other == name:
-            problems.append(f"{who}: fallback {brief(other)} is the model itself; remove it")
-        elif other in out:
-            problems.append(f"{who}: fallback {brief(other)} is listed twice")
+    for item in raw:
+        if not isinstance(item, str) or len(item) > MAX_NAME_CHARS or not NAME_RE.match(item):
+            problems.append(f"{who}: {one} {brief(item)} {unroutable}")
+        elif item == name:
+            problems.append(f"{who}: {one} {brief(item)} is {itself}; remove it")
+        elif item in out:
+            problems.append(f"{who}: {one} {brief(item)} is listed twice")
         else:
-            out.append(other)
+            out.append(item)
     return tuple(out)
+
+
+def fallback_of(problems: list[str], who: str, raw: Any, name: Any) -> tuple[str, ...]:
+    """An entry's fallback models: names, distinct, not itself (that they are models of
+    the fleet is checked with the whole fleet: :func:`fallback_problems`)."""
+    return _names(problems, who, raw, name, field="fallback", one="fallback",
+                  many="fallback models", maximum=(MAX_FALLBACKS, "MAX_FALLBACKS"),
+                  example="model names like [small-chat]",
+                  unroutable="is not a model name", itself="the model itself")
+
+
+def aliases_of(problems: list[str], who: str, raw: Any, name: Any) -> tuple[str, ...]:
+    """An entry's aliases: routable names, distinct, not its own name."""
+    return _names(problems, who, raw, name, field="aliases", one="alias", many="aliases",
+                  maximum=(MAX_ALIASES, "MAX_ALIASES"), example="names like [gpt-4o-mini, chat]",
+                  unroutable="cannot be routed; use letters, digits and . _ - : @ + / (no "
+                  "spaces, not starting with / or .)", itself="the model's own name")
 
 
 def fallback_problems(specs: Sequence[ModelSpec], others: Iterable[str] = ()) -> list[str]:
@@ -50,30 +68,6 @@ def fallback_problems(specs: Sequence[ModelSpec], others: Iterable[str] = ()) ->
     return [f"model {brief_text(s.name)}: fallback {brief_text(f)} is not a model of the "
             "catalog; name a model it lists" for s in specs for f in s.fallback
             if f not in known]
-
-def aliases_of(problems: list[str], who: str, raw: Any, name: Any) -> tuple[str, ...]:
-    """An entry's aliases: routable names, distinct, not its own name."""
-    if not isinstance(raw, list):
-        problems.append(f"{who}: aliases must be a list of names like [gpt-4o-mini, chat], "
-                        f"not {brief(raw)}")
-        return ()
-    if len(raw) > MAX_ALIASES:
-        problems.append(f"{who}: {len(raw)} aliases, over the maximum of {MAX_ALIASES} "
-                        "(llmgw's MAX_ALIASES)")
-        return ()
-    out: list[str] = []
-    for alias in raw:
-        if not isinstance(alias, str) or len(alias) > MAX_NAME_CHARS \
-                or not NAME_RE.match(alias):
-            problems.append(f"{who}: alias {brief(alias)} cannot be routed; use letters, "
-                            "digits and . _ - : @ + / (no spaces, not starting with / or .)")
-        elif alias == name:
-            problems.append(f"{who}: alias {brief(alias)} is the model's own name; remove it")
-        elif alias in out:
-            problems.append(f"{who}: alias {brief(alias)} is listed twice")
-        else:
-            out.append(alias)
-    return tuple(out)
 
 
 def name_clashes(specs: Sequence[ModelSpec], others: dict[str, tuple[str, ...]] | None = None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -28,20 +29,16 @@ def _read_request(conn: socket.socket) -> bool:
     return True
 
 
-@pytest.fixture()
-def closes_reused() -> Iterator[tuple[str, list[int]]]:
-    """A server that answers the first request of each connection and closes the
-    connection, unanswered, when a second request arrives on it: what a kept-alive
-    connection looks like when the engine closed it as it was being reused."""
+@contextmanager
+def serving(serve: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A loopback server that hands each connection to ``serve`` in a thread; its URL.
+    Connections still open at the end are closed."""
     server = socket.create_server(("127.0.0.1", 0))
-    answered: list[int] = []
+    held: list[socket.socket] = []
 
-    def serve(conn: socket.socket) -> None:
+    def run(conn: socket.socket) -> None:
         with conn:
-            if _read_request(conn):
-                answered.append(1)      # before the answer: the client may finish first
-                conn.sendall(ANSWER)
-                _read_request(conn)     # the reuse: closed without an answer
+            serve(conn)
 
     def accept() -> None:
         while True:
@@ -49,13 +46,33 @@ def closes_reused() -> Iterator[tuple[str, list[int]]]:
                 conn, _ = server.accept()
             except OSError:
                 return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+            held.append(conn)
+            threading.Thread(target=run, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}", answered
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
     finally:
         server.close()
+        for conn in held:
+            conn.close()
+
+
+@pytest.fixture()
+def closes_reused() -> Iterator[tuple[str, list[int]]]:
+    """A server that answers the first request of each connection and closes the
+    connection, unanswered, when a second request arrives on it: what a kept-alive
+    connection looks like when the engine closed it as it was being reused."""
+    answered: list[int] = []
+
+    def serve(conn: socket.socket) -> None:
+        if _read_request(conn):
+            answered.append(1)      # before the answer: the client may finish first
+            conn.sendall(ANSWER)
+            _read_request(conn)     # the reuse: closed without an answer
+
+    with serving(serve) as url:
+        yield url, answered
 
 
 def test_a_reused_connection_the_engine_closed_is_sent_again_on_a_new_one(
@@ -80,27 +97,14 @@ def test_a_port_nobody_listens_on_is_unreachable() -> None:
 @pytest.fixture()
 def stalls() -> Iterator[str]:
     """A server that starts a chunked stream, sends one chunk and then nothing."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
+    def serve(conn: socket.socket) -> None:
+        if _read_request(conn):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n6\r\ndata: \r\n")
+            conn.recv(1)            # holds the connection until the client goes
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            held.append(conn)
-            if _read_request(conn):
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                             b"Transfer-Encoding: chunked\r\n\r\n6\r\ndata: \r\n")
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
+    with serving(serve) as url:
+        yield url
 
 
 def test_a_stream_that_stalls_past_the_timeout_breaks_off(stalls: str) -> None:
@@ -121,26 +125,12 @@ STREAM = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
 def whole_streams() -> Iterator[str]:
     """A server that answers every request of a kept-alive connection with a whole
     chunked stream in one write: it arrives with its headers."""
-    server = socket.create_server(("127.0.0.1", 0))
-
     def serve(conn: socket.socket) -> None:
-        with conn:
-            while _read_request(conn):
-                conn.sendall(STREAM)
+        while _read_request(conn):
+            conn.sendall(STREAM)
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        server.close()
+    with serving(serve) as url:
+        yield url
 
 
 def test_a_stream_that_arrives_with_its_headers_is_passed_whole(whole_streams: str) -> None:
