@@ -38,7 +38,10 @@ def serving(serve: Callable[[socket.socket], None]) -> Iterator[str]:
 
     def run(conn: socket.socket) -> None:
         with conn:
-            serve(conn)
+            try:
+                serve(conn)
+            except OSError:     # closed under it at the end
+                pass
 
     def accept() -> None:
         while True:
