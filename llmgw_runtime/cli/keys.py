@@ -15,6 +15,7 @@ import click
 
 from ..api import admin as messages
 from ..catalog import parse_duration
+from ..status.render import largest_unit
 from .ctl import client, part, say, show
 from .output import ago, output_option
 
@@ -53,10 +54,7 @@ def expiry_text(key: dict[str, Any], now: float | None = None) -> str:
     left = expires_at - (time.time() if now is None else now)
     if key.get("expired") or left <= 0:
         return f"expired {ago(expires_at, now)}"
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if left >= size:
-            return f"in {int(left // size)} {unit}"
-    return f"in {int(left) + 1} s"
+    return f"in {largest_unit(left)}"
 
 
 @keys.command("create")

@@ -6,14 +6,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from flask import Blueprint, current_app, g, jsonify, request
+from flask import Blueprint, current_app, jsonify, request
 
 from .. import catalog
 from ..errors import ConflictError, NotFoundError, ValidationError
 from ..placement.model import heard_from
 from ..store import repo
 from . import fleet
-from .web import now_of, require, store
+from .web import by_whom, now_of, require, store
 
 bp = Blueprint("admin", __name__, url_prefix="/api/v1")
 
@@ -128,7 +128,7 @@ def retry(name: str) -> Any:
     """Unpark ``name`` and forget its failures; ``was_parked`` says whether it was parked
     (a model that was not only has its failure count reset)."""
     with store().begin() as conn:
-        was_parked = fleet.unpark(conn, name, now_of(conn), by=_by())
+        was_parked = fleet.unpark(conn, name, now_of(conn), by=by_whom())
     return jsonify({"model": name, "parked": False, "was_parked": was_parked})
 
 
@@ -162,11 +162,6 @@ def events() -> Any:
 # ---------------------------------------------------------------- revocation
 
 
-def _by() -> str:
-    """Who asks, for the event: the admin account (API) or the console user."""
-    return f"{g.get('principal', 'an operator')} (admin API)"
-
-
 @bp.post("/nodes/<path:name>/reset")
 @require("admin")
 def reset_node(name: str) -> Any:
@@ -176,7 +171,7 @@ def reset_node(name: str) -> Any:
         if not repo.reset_node_credential(conn, name):
             raise NotFoundError(f"there is no node named {name!r}; see `llmgw ctl nodes`")
         repo.add_event(conn, now_of(conn), "node", name,
-                       f"credential reset by {_by()}: the old credential is refused; the "
+                       f"credential reset by {by_whom()}: the old credential is refused; the "
                        "host joins again with the join token")
     return jsonify({"node": name, "credential": None})
 
@@ -208,6 +203,6 @@ def delete_node(name: str) -> Any:
                            f"replica {rep.id} deleted with node {name}; it is placed "
                            "again elsewhere")
         repo.add_event(conn, now, "node", name,
-                       f"node deleted by {_by()}" + (" (forced)" if force else "")
+                       f"node deleted by {by_whom()}" + (" (forced)" if force else "")
                        + f" with {len(gone)} replica(s) that used it")
     return jsonify({"deleted": name, "replicas": [r.id for r in gone]})

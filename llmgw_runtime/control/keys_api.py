@@ -9,25 +9,21 @@ store's clock, so a control host's wall clock never decides an expiry.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from flask import Blueprint, g, jsonify, request
+from flask import Blueprint, jsonify, request
 
 from ..api.admin import KeyCreate, KeyUpdate
 from ..api.parse import parse_json
 from ..errors import ConflictError, NotFoundError, ValidationError
 from ..security import hash_token, new_token
+from ..status.render import largest_unit
 from ..store import repo
-from .web import json_body, now_of, require, store
+from .web import by_whom, json_body, now_of, require, store
 
 bp = Blueprint("keys", __name__, url_prefix="/api/v1")
 
 KEY_PRIORITIES = ("high", "normal", "low")
-
-
-def _by() -> str:
-    return f"{g.get('principal', 'an operator')} (admin API)"
 
 
 def _priority(value: Any) -> str:
@@ -53,17 +49,8 @@ def describe(models: list[str] | None, expires_at: float | None, now: float) -> 
     if models is not None:
         parts.append("for model" + ("" if len(models) == 1 else "s") + " " + ", ".join(models))
     if expires_at is not None:
-        parts.append(f"expiring in {human_duration(expires_at - now)}")
+        parts.append(f"expiring in {largest_unit(expires_at - now)}")
     return ", ".join(parts)
-
-
-def human_duration(seconds: float) -> str:
-    """``3 d``, ``5 h``, ``12 min``, ``40 s``: the largest whole unit."""
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{math.floor(seconds / size)} {unit}"
-    return f"{math.ceil(seconds)} s"
 
 
 @bp.post("/keys")
@@ -128,7 +115,7 @@ def update_key(name: str) -> Any:
             raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
                                 "list`")
         for line in _changes(row, change.priority, fields, now):
-            repo.add_event(conn, now, "key", name, f"{line} by {_by()}")
+            repo.add_event(conn, now, "key", name, f"{line} by {by_whom()}")
         updated = repo.account_by_hash(conn, row.token_hash)
     return jsonify(key_info(updated, now))
 
@@ -146,7 +133,7 @@ def _changes(row: Any, priority: str | None, fields: dict[str, Any], now: float
     if "expires_at" in fields and fields["expires_at"] != row.expires_at:
         expires_at = fields["expires_at"]
         lines.append("API key never expires" if expires_at is None
-                     else f"API key expires in {human_duration(expires_at - now)}")
+                     else f"API key expires in {largest_unit(expires_at - now)}")
     return lines
 
 
@@ -158,5 +145,5 @@ def delete_key(name: str) -> Any:
         if not repo.delete_account(conn, f"key:{name}", "api_key"):
             raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
                                 "list`")
-        repo.add_event(conn, now_of(conn), "key", name, f"API key deleted by {_by()}")
+        repo.add_event(conn, now_of(conn), "key", name, f"API key deleted by {by_whom()}")
     return jsonify({"deleted": name})

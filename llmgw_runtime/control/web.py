@@ -78,6 +78,11 @@ def install_error_handlers(app: Flask) -> None:
                               "the control service failed unexpectedly; see its log")
 
 
+def by_whom() -> str:
+    """Who asks, for an event: the admin account (API) or the console user."""
+    return f"{g.get('principal', 'an operator')} (admin API)"
+
+
 def json_body(required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The request's JSON object, or a 400 that says what is wrong with it."""
     raw = request.get_data(cache=True)

@@ -19,6 +19,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from ..api.jsonlimits import JsonTooDeep, loads_bounded
+from ..control.throttle import retry_after
 from .body import _too_large, content_length, read_body
 from .errors import (
     InvalidJson,
@@ -64,15 +65,23 @@ def retry_after_s(exc: RouterError) -> float | None:
 
 def error_answer(environ: dict[str, Any], exc: RouterError) -> Answered:
     """``exc`` in OpenAI's error shape, its code noted for the metrics."""
-    from ..control.throttle import retry_after
-
-    RouterMetrics.error_answered(environ, exc.code)
-    body = json.dumps(exc.body()).encode()
-    headers = [_JSON, ("Content-Length", str(len(body)))]
     wait = retry_after_s(exc)
-    if wait is not None:
-        headers.append(("Retry-After", retry_after(wait)))
-    return Answered(exc.status, headers, [body])
+    return _error(environ, exc.status, exc.body(), exc.code,
+                  [] if wait is None else [("Retry-After", retry_after(wait))])
+
+
+def _error(environ: dict[str, Any], status: int, doc: dict[str, Any], code: str,
+           headers: list[tuple[str, str]]) -> Answered:
+    RouterMetrics.error_answered(environ, code)
+    body = json.dumps(doc).encode()
+    return Answered(status, [_JSON, ("Content-Length", str(len(body))), *headers], [body])
+
+
+def _naming(doc: dict[str, Any], model: str) -> tuple[dict[str, Any], bytes]:
+    """The request ``doc`` asking for ``model`` (by its own name: an alias resolved, a
+    fallback), and its body (ASCII escapes: lone surrogates survive)."""
+    renamed = {**doc, "model": model}
+    return renamed, json.dumps(renamed).encode()
 
 
 class ProxiedRoutes:
@@ -101,12 +110,10 @@ class ProxiedRoutes:
         elif method == "OPTIONS":
             answer = Answered(200, [("Allow", _ALLOW), ("Content-Length", "0")], [b""])
         else:
-            body = json.dumps(error_body(
+            answer = _error(environ, 405, error_body(
                 f"{method} {path}: The method is not allowed for the requested URL.",
-                "invalid_request_error", "method_not_allowed")).encode()
-            RouterMetrics.error_answered(environ, "method_not_allowed")
-            answer = Answered(405, [_JSON, ("Content-Length", str(len(body))),
-                                    ("Allow", _ALLOW)], [body])
+                "invalid_request_error", "method_not_allowed"), "method_not_allowed",
+                [("Allow", _ALLOW)])
         start_response(status_line(answer.status), answer.headers)
         return answer.body
 
@@ -142,8 +149,7 @@ class ProxiedRoutes:
             table = state.table_for(model, table)
         asked, model = model, table.canonical(model)
         if model != asked:      # an alias: the engine serves the model under its own name
-            doc = {**doc, "model": model}
-            body = json.dumps(doc).encode()     # ASCII escapes: lone surrogates survive
+            doc, body = _naming(doc, model)
         if not table.may_use(environ[KEY_ID], model):    # outside the key's scope: absent
             state.metrics.model_named(environ, UNKNOWN_MODEL)
             raise ModelNotFound(f"model '{asked}' is not in the catalog; GET /v1/models lists "
@@ -171,10 +177,10 @@ class ProxiedRoutes:
             if fallback is None or not table.may_use(environ[KEY_ID], other) \
                     or not state.balancer.usable(fallback.endpoints):
                 continue
-            other_doc = {**doc, "model": other}
+            other_doc, other_body = _naming(doc, other)
             try:
-                answer = state.forward(environ, other, fallback, path,
-                                       json.dumps(other_doc).encode(), other_doc, table)
+                answer = state.forward(environ, other, fallback, path, other_body, other_doc,
+                                       table)
             except (ModelAtCapacity, UpstreamError):
                 continue
             state.metrics.child(state.metrics.fallbacks, model, other, reason).inc()

@@ -8,6 +8,7 @@ the same for 4 nodes and for 2,000; the full listings are ``ctl models``, ``ctl 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,6 +57,15 @@ def duration(seconds: float) -> str:
     if s < 172800:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def largest_unit(seconds: float) -> str:
+    """``3 d``, ``5 h``, ``12 min``, ``40 s``: the largest whole unit (a key's expiry)."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{math.floor(seconds / size)} {unit}"
+    return f"{math.ceil(seconds)} s"
 
 
 def clip(text: str, width: int) -> str:

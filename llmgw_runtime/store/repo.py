@@ -383,12 +383,6 @@ def put_account(conn: Connection, name: str, kind: str, token_hash: str, now: fl
     return False
 
 
-def set_priority(conn: Connection, name: str, kind: str, priority: str) -> Any | None:
-    """Set the priority of the account ``name`` of ``kind``; its row as it was, or None
-    when there is none."""
-    return update_key(conn, name, kind, priority=priority)
-
-
 _UNCHANGED: Any = object()
 
 

@@ -133,10 +133,27 @@ def test_parse_table_carries_slots_routing_queue_and_key_priorities() -> None:
     _table_with(key_priorities={"ab" * 32: "urgent"}),
     _table_with(key_priorities={"not-a-hash": "high"}),
     _table_with(key_priorities=["ab" * 32]),
+    # issue 17: key scopes and expiries, aliases, fallbacks
+    _table_with(key_models={"ab" * 32: "m"}),              # wrong type
+    _table_with(key_models={"ab" * 32: [["m"]]}),          # nested
+    _table_with(key_models={"ab" * 32: ["m\x1b[31m"]}),    # an escape sequence
+    _table_with(key_models={"ab" * 32: ["m"] * 5000}),     # huge
+    _table_with(key_models={"not-a-hash": ["m"]}),
+    _table_with(key_expires_in_s={"ab" * 32: float("nan")}),
+    _table_with(key_expires_in_s={"ab" * 32: float("inf")}),
+    _table_with(key_expires_in_s={"ab" * 32: 1e300}),
+    _table_with(key_expires_in_s={"ab" * 32: "soon"}),
+    _table_with({"aliases": "chat"}),
+    _table_with({"aliases": ["has space"]}),
+    _table_with({"aliases": [f"a{i}" for i in range(17)]}),
+    _table_with({"fallback": [{"name": "b"}]}),
+    _table_with({"fallback": ["b\x00"]}),
+    _table_with({"fallback": [f"b{i}" for i in range(9)]}),
 ])
 def test_a_routes_table_with_a_hostile_admission_field_is_refused_whole(doc: object) -> None:
     """The router keeps its last good table (RoutesCache) rather than route by a table
-    whose slots, routing, queue bounds or key priorities are out of range."""
+    whose slots, routing, queue bounds, key priorities, scopes or expiries, aliases or
+    fallbacks are out of range."""
     with pytest.raises(ValueError, match="malformed"):
         parse_table(doc, 0.0)
 

@@ -79,8 +79,8 @@ def test_key_priority_is_stored_and_changed(store: Store) -> None:
     with store.begin() as conn:
         repo.put_account(conn, "key:vip", "api_key", "h1", 1.0, priority="high")
         repo.put_account(conn, "key:app", "api_key", "h2", 1.0)
-        before = repo.set_priority(conn, "key:app", "api_key", "low")
-        missing = repo.set_priority(conn, "key:nope", "api_key", "low")
+        before = repo.update_key(conn, "key:app", "api_key", priority="low")
+        missing = repo.update_key(conn, "key:nope", "api_key", priority="low")
         rows = {r.name: r.priority for r in repo.accounts_of_kind(conn, "api_key")}
     assert before is not None and before.priority == "normal" and missing is None
     assert rows == {"key:vip": "high", "key:app": "low"}
