@@ -226,7 +226,11 @@ ROUTER_ROUTES = tuple(
     for path, summary in (
         ("/v1/chat/completions", "Chat completion, proxied to a ready replica"),
         ("/v1/completions", "Text completion, proxied to a ready replica"),
-        ("/v1/embeddings", "Embeddings, proxied to a ready replica"))) + (
+        ("/v1/embeddings", "Embeddings, proxied to a ready replica"),
+        ("/v1/responses", "OpenAI's Responses API, passed through to a ready replica "
+         "(404 unsupported_endpoint: its engine does not serve it)"),
+        ("/v1/messages", "Anthropic's Messages API, passed through to a ready replica "
+         "(404 unsupported_endpoint: its engine does not serve it)"))) + (
     Route("get", "/v1/models", "Every catalog model", ("apiKey",), router.ModelsList,
           errors=(401,)),
     Route("get", "/v1/models/{model}", "One catalog model (404: not in the catalog)",
@@ -257,7 +261,8 @@ def router_document(version: str) -> dict[str, Any]:
             "type": "http", "scheme": "bearer",
             "description": "an API key (sk-llmgw-...), when the router requires keys"}}},
     }
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                 "/v1/responses", "/v1/messages"):
         ok = doc["paths"][path]["post"]["responses"]["200"]["content"]
         ok["text/event-stream"] = {"schema": {"type": "string"}}
     health = doc["paths"]["/healthz"]["get"]["responses"]

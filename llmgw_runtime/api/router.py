@@ -65,6 +65,9 @@ class RouteModel(Answer):
     # Models its requests go to, in order, when it is parked, unplaceable or at capacity
     # (one step: their own fallbacks are not followed).
     fallback: list[Name] = Field(default_factory=list, max_length=MAX_FALLBACKS)
+    # The engine that serves it (catalog.ENGINES), named in the router's errors about paths
+    # the engine does not serve; None from a control service older than the field.
+    engine: Name | None = None
 
 
 class Routes(Answer):

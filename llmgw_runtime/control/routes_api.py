@@ -64,6 +64,7 @@ def routes() -> Any:
                     "max_wait_s": model.max_wait_s,
                     "aliases": json.loads(model.aliases) if model.aliases else [],
                     "fallback": json.loads(model.fallback) if model.fallback else [],
+                    "engine": model.engine,
                     **clean(start_streak(model, now, backoff))})
     return jsonify({"models": out, "api_key_hashes": [k.token_hash for k in keys],
                     "key_priorities": {k.token_hash: k.priority for k in keys

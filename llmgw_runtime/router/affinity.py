@@ -60,17 +60,34 @@ _PERSON_CHAT = b"llmgw-chat\0"      # domain separation: a chat and a prompt nev
 _PERSON_PROMPT = b"llmgw-prompt\0"
 
 
-def prefix_key(body: Mapping[str, Any]) -> bytes | None:
+def prefix_key(body: Mapping[str, Any], path: str | None = None) -> bytes | None:
     """A 16-byte key of the prefix the engine would cache for this request body (a chat or
     completion request, already parsed from JSON), or None when it has no usable prefix
-    (no messages or prompt, an empty one, or a shape that is not OpenAI's)."""
+    (no messages or prompt, an empty one, or a shape that is not OpenAI's).
+
+    Anthropic's ``/v1/messages`` puts its system prompt in ``system``, OpenAI's
+    ``/v1/responses`` in ``instructions`` with the conversation (or one user text) in
+    ``input``: both are keyed as the chat they render to. ``input`` means that only on
+    ``path`` ``/v1/responses`` (an embeddings request has one too, and no prefix)."""
     messages = body.get("messages")
     if messages is not None:
-        return _chat_key(messages)
+        return _chat_key(_with_system(body.get("system"), messages))
     prompt = body.get("prompt")
     if prompt is not None:
         return _prompt_key(prompt)
+    given = body.get("input")
+    if path == "/v1/responses" and given is not None:
+        if isinstance(given, str):
+            given = [{"role": "user", "content": given}] if given else None
+        return _chat_key(_with_system(body.get("instructions"), given))
     return None
+
+
+def _with_system(system: Any, messages: Any) -> Any:
+    """``messages`` after a system message of ``system`` (a text or text blocks), if any."""
+    if system is None or not isinstance(messages, list):
+        return messages
+    return [{"role": "system", "content": system}, *messages[:MAX_MESSAGES]]
 
 
 def _chat_key(messages: Any) -> bytes | None:

@@ -98,7 +98,8 @@ class RouterState:
         return table
 
     def check_api_key(self, table: RoutesTable, environ: dict[str, Any]) -> None:
-        """The request's API key must be one of the table's; an address that sent many
+        """The request's API key (``Authorization: Bearer``, or ``X-Api-Key`` as Anthropic's
+        clients send it) must be one of the table's; an address that sent many
         wrong keys is refused (429, Retry-After) for a growing while before any check
         (control/throttle.py: per worker process, by TCP peer address, not
         X-Forwarded-For)."""
@@ -112,6 +113,8 @@ class RouterState:
                                     f"address; retry after {retry_after(wait)} s with a "
                                     "valid key", retry_after_s=wait)
         key = bearer(environ.get("HTTP_AUTHORIZATION"))
+        if key is None:     # Anthropic's clients send their key as X-Api-Key
+            key = environ.get("HTTP_X_API_KEY") or None
         if not table.api_key_hashes:
             raise InvalidApiKey("this router requires an API key and none is configured: "
                                 "create one with `llmgw ctl keys create NAME` and send it as "
@@ -237,7 +240,8 @@ class RouterState:
         gate = self.gate
 
         def for_route(route: ModelRoute) -> Admit:
-            prefix = prefix_key(doc) if route.routing == "prefix-affinity" else None
+            prefix = (prefix_key(doc, environ.get("PATH_INFO"))
+                      if route.routing == "prefix-affinity" else None)
 
             def admit(endpoints: Sequence[Endpoint]) -> Lease | None:
                 return gate.admit(model, endpoints, key_id, priority,  # type: ignore[arg-type]

@@ -57,6 +57,13 @@ class ModelNotFound(RouterError):
     status, code, type = 404, "model_not_found", "invalid_request_error"
 
 
+class PathNotServed(RouterError):
+    """A passed-through path (``/v1/responses``, ``/v1/messages``) the model's engine does
+    not serve (it answered 404): the message names the engine and the paths that work."""
+
+    status, code, type = 404, "unsupported_endpoint", "invalid_request_error"
+
+
 class NotControlService(RouterError):
     """An admin API path (``/api/...``) asked of the router: ``llmgw ctl`` pointed at
     the router's URL. The message names the control service's URL."""

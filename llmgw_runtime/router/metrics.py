@@ -27,7 +27,12 @@ from prometheus_client.registry import Collector
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN_MODEL = "(unknown)"
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-PROXIED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+# Passed through to the engine as they are: OpenAI's Responses API and Anthropic's Messages
+# API (llama.cpp's server serves both); an engine without one answers 404, which the router
+# turns into an error naming the engine (router/wsgi.py).
+PASSTHROUGH_PATHS = frozenset({"/v1/responses", "/v1/messages"})
+PROXIED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+                          ) | PASSTHROUGH_PATHS
 # From an embedding (milliseconds) to a long generation (minutes).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                     60.0, 120.0, 300.0, 600.0)

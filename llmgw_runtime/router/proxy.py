@@ -24,7 +24,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
                         "trailers", "upgrade", "proxy-authorization", "proxy-authenticate",
                         "proxy-connection"})
 # The client's API key is the router's business, not the engine's: it is never forwarded.
-_DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization"}
+_DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key"}
 _DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length"}
 REPLICA_HEADER = "X-Llmgw-Replica"     # names the replica that served (not a secret)
 MODEL_HEADER = "X-Llmgw-Model"         # names the model that served (a fallback, say)

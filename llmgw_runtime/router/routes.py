@@ -51,6 +51,7 @@ class ModelRoute:
     max_queue: int = 100                 # requests waiting for a slot in this router
     max_wait_s: float = 30.0             # how long one may wait
     fallback: tuple[str, ...] = ()       # models to try when it cannot serve (in order)
+    engine: str | None = None            # llama.cpp, vllm (named in errors)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> Ro
         eps = tuple(Endpoint(e.replica_id, e.url.rstrip("/"), e.slots) for e in m.endpoints)
         models[m.name] = ModelRoute(m.name, str(m.state), m.reason, m.on_demand, eps,
                                     m.failures, m.last_error, m.retry_after_s,
-                                    m.routing, m.max_queue, m.max_wait_s, tuple(m.fallback))
+                                    m.routing, m.max_queue, m.max_wait_s, tuple(m.fallback),
+                                    m.engine)
     hashes = frozenset(doc.api_key_hashes)
     old = previous.first_seen if previous else {}
     first_seen = {name: old.get(name, int(now)) for name in models}

@@ -1,5 +1,6 @@
 """The proxied routes (``POST /v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``) as plain WSGI, in front of the Flask app that serves everything else.
+``/v1/embeddings``, and passed through as they are: ``/v1/responses``, ``/v1/messages``) as
+plain WSGI, in front of the Flask app that serves everything else.
 
 These three carry nearly all of a router's traffic, and Flask's request and response
 objects, URL matching and hooks cost a tenth of the router's CPU per request on them
@@ -29,12 +30,20 @@ from .errors import (
     ModelNotFound,
     ModelParked,
     ModelUnplaceable,
+    PathNotServed,
     RouterError,
     TooManyFailedKeys,
     UpstreamError,
     error_body,
 )
-from .metrics import PROXIED_PATHS, UNKNOWN_MODEL, RouterMetrics, StartResponse, WSGIApp
+from .metrics import (
+    PASSTHROUGH_PATHS,
+    PROXIED_PATHS,
+    UNKNOWN_MODEL,
+    RouterMetrics,
+    StartResponse,
+    WSGIApp,
+)
 from .proxy import Answered
 
 if TYPE_CHECKING:
@@ -157,7 +166,8 @@ class ProxiedRoutes:
         state.metrics.model_named(environ, model if model in table.models else UNKNOWN_MODEL)
         try:
             route = state.resolve(model, table)
-            return state.forward(environ, model, route, path, body, doc, table)
+            return _served(state.forward(environ, model, route, path, body, doc, table),
+                           path, model, route.engine)
         except (ModelParked, ModelUnplaceable, ModelAtCapacity) as exc:
             served = self._fall_back(environ, model, exc, path, doc, table)
             if served is None:
@@ -179,13 +189,30 @@ class ProxiedRoutes:
                 continue
             other_doc, other_body = _naming(doc, other)
             try:
-                answer = state.forward(environ, other, fallback, path, other_body, other_doc,
-                                       table)
-            except (ModelAtCapacity, UpstreamError):
+                answer = _served(state.forward(environ, other, fallback, path, other_body,
+                                               other_doc, table), path, other, fallback.engine)
+            except (ModelAtCapacity, UpstreamError, PathNotServed):
                 continue
             state.metrics.child(state.metrics.fallbacks, model, other, reason).inc()
             return answer
         return None
+
+
+def _served(answer: Answered, path: str, model: str, engine: str | None) -> Answered:
+    """``answer``, unless it is an engine's 404 to a passed-through path: the engine does
+    not serve that API (an older llama.cpp, a vLLM without it), said in OpenAI's shape."""
+    if answer.status != 404 or path not in PASSTHROUGH_PATHS:
+        return answer
+    said = b"".join(answer.body) if isinstance(answer.body, list) else b""
+    close = getattr(answer.body, "close", None)
+    if close is not None:
+        close()
+    detail = said.decode("utf-8", "replace").strip()[:200]
+    raise PathNotServed(
+        f"the engine serving model '{model}' ({engine or 'unknown engine'}) does not serve "
+        f"POST {path}" + (f" (it answered 404: {detail})" if detail else " (it answered 404)")
+        + "; use POST /v1/chat/completions, which every engine serves, or ask the operator "
+        "for an engine that serves this API")
 
 
 def _json_kind(value: Any) -> str:
