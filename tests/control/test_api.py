@@ -28,7 +28,8 @@ def test_admin_api_needs_an_admin_token(api: Api) -> None:
     cred = api.join()
     forbidden = api.call("GET", "/api/v1/models", token=cred)
     assert forbidden.status_code == 403
-    assert "a node token cannot call this API" in forbidden.json["error"]["message"]
+    assert forbidden.json["error"]["message"] == \
+        "a node token cannot call this API; use an admin token"
     assert api.call("GET", "/api/v1/routes", token=JOIN).status_code == 403
 
 
@@ -81,6 +82,13 @@ def test_a_bad_catalog_writes_nothing_and_lists_every_problem(api: Api) -> None:
     yaml_error = api.call("PUT", "/api/v1/catalog", data="models: [\n")
     assert yaml_error.status_code == 400 and "not valid YAML" in \
         yaml_error.json["error"]["message"]
+    # A JSON catalog that is not JSON: the same reason, the line and column in the message.
+    json_error = api.call("PUT", "/api/v1/catalog", data='{"models": [\n',
+                          headers={"Content-Type": "application/json"})
+    error = json_error.json["error"]
+    assert (json_error.status_code, error["reason"]) == (400, "invalid_catalog")
+    assert "at line 2, column 1" in error["message"] and "nothing was applied" in error["message"]
+    assert api.call("GET", "/api/v1/models").json["models"] == []
 
 
 def test_report_gets_assignments_and_routes_follow_replica_states(api: Api) -> None:
