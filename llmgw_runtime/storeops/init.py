@@ -182,8 +182,9 @@ def preflight(hosts: list[patroni.StoreHost], *, playbooks: Path | None,
     problems: list[str] = []
     playbook: Path | None = None
     if playbooks is None:
-        problems.append("playbooks/store.yml is not next to this llmgw: pass --playbooks "
-                        "DIR (the playbooks/ directory of the llmgw repository)")
+        problems.append("playbooks/store.yml is not next to this llmgw (it was installed "
+                        "from a wheel, without the repository): pass --playbooks DIR, the "
+                        "playbooks/ directory of an llmgw checkout of the same version")
     elif not (playbooks / "store.yml").is_file():
         problems.append(f"{playbooks / 'store.yml'} does not exist: --playbooks must name "
                         "the playbooks/ directory of the llmgw repository")

@@ -119,6 +119,30 @@ def test_bad_allowed_networks_are_refused_all_at_once_before_anything_is_written
     assert not env.exists() and not (tmp_path / "state").exists()
 
 
+def test_llmgw_installed_without_the_repository_asks_for_the_playbooks(tmp_path: Path) -> None:
+    """As on a control host the llmgw_common role installed (a wheel): the package alone,
+    no playbooks/ next to it. The command stops before anything, saying what to pass."""
+    import shutil
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(ROOT / "llmgw_runtime", site / "llmgw_runtime",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = tmp_path / "control.env"
+    done = subprocess.run(
+        [sys.executable, "-c", "from llmgw_runtime.cli.main import main; main()", "server",
+         "--state-dir", str(tmp_path / "state"), "init", "--patroni", "a@db1", "b@db2",
+         "--env-file", str(env)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)})
+    out = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, out
+    assert "server init cannot start; nothing was done anywhere" in out
+    assert ("playbooks/store.yml is not next to this llmgw (it was installed from a wheel, "
+            "without the repository): pass --playbooks DIR, the playbooks/ directory of an "
+            "llmgw checkout of the same version") in out
+    assert not env.exists() and not (tmp_path / "state").exists()
+
+
 # ---------------------------------------------------------------- the store hosts over ssh
 
 
