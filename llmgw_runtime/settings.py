@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
@@ -46,6 +47,13 @@ def _convert(name: str, raw: str, hint: Any) -> Any:
     return text
 
 
+def component(cls: type) -> str:
+    """Whose settings ``cls`` holds, as a message names it: ``AgentConfig`` -> ``agent``,
+    ``ControlConfig`` -> ``control service`` (never the class's name)."""
+    words = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", re.sub(r"Config$", "", cls.__name__)).lower()
+    return {"control": "control service", "": "llmgw"}.get(words, words)
+
+
 def load(cls: type[T], *, env: Mapping[str, str] | None = None, prefix: str = "LLMGW_",
          **explicit: Any) -> T:
     """Build ``cls`` (a dataclass) from its defaults, ``LLMGW_<FIELD>`` variables and
@@ -67,15 +75,16 @@ def load(cls: type[T], *, env: Mapping[str, str] | None = None, prefix: str = "L
     unknown = set(explicit) - {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     if unknown:
         problems.append(f"unknown settings: {', '.join(sorted(unknown))}")
+    bad = f"the {component(cls)}'s settings are not valid"
     if problems:
-        raise ConfigError(f"invalid {cls.__name__} settings", details=problems)
+        raise ConfigError(bad, details=problems)
     try:
         obj = cls(**values)
     except TypeError as exc:
-        raise ConfigError(f"invalid {cls.__name__} settings: {exc}") from None
+        raise ConfigError(f"{bad}: {exc}") from None
     validate = getattr(obj, "validate", None)
     if validate is not None:
         more = list(validate())
         if more:
-            raise ConfigError(f"invalid {cls.__name__} settings", details=more)
+            raise ConfigError(bad, details=more)
     return obj

@@ -37,3 +37,26 @@ def test_cross_field_rules_are_checked() -> None:
 
 def test_unprefixed_variables_are_ignored() -> None:
     assert settings.load(ControlConfig, env={"PORT": "1"}).port == 8470
+
+
+@pytest.mark.parametrize("argv, env, says", [
+    (["agent", "--devices", "bogus"],
+     {"LLMGW_CONTROL_URL": "http://127.0.0.1:9", "LLMGW_JOIN_TOKEN": "x"},
+     "Error: the agent's settings are not valid\n  - devices 'bogus' is unknown; use auto, "),
+    (["server", "migrate"], {"LLMGW_PORT": "x"},
+     "Error: the control service's settings are not valid\n  - LLMGW_PORT='x' is not an "
+     "integer"),
+    (["router", "--control-url", "http://127.0.0.1:9"], {"LLMGW_ROUTER_TOKEN": ""},
+     "Error: the router's settings are not valid\n  - router_token is required"),
+])
+def test_bad_settings_name_the_program_not_a_class(argv: list[str], env: dict[str, str],
+                                                    says: str, tmp_path: Path) -> None:
+    """Issue 15: `--devices bogus` said "invalid AgentConfig settings"."""
+    from click.testing import CliRunner
+
+    from llmgw_runtime.cli.main import cli
+
+    result = CliRunner().invoke(cli, argv, env={"LLMGW_STATE_DIR": str(tmp_path), **env})
+    assert result.exit_code == 1, result.output
+    assert says in result.output
+    assert "Config" not in result.output
