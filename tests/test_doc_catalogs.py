@@ -2,9 +2,10 @@
 applied with ``llmgw ctl apply -f`` to a real control service (SQLite, on 127.0.0.1).
 
 What counts as a catalog: a fenced ```yaml (or ```yml) block in README.md or docs/*.md whose
-document is a mapping with a top-level ``models`` list, or a list of mappings each with a
-``name`` and an ``engine`` (a model entry list, applied as ``models:`` of it). Other YAML
-(Prometheus, Ansible) is left alone. A block that cannot be read as YAML at all fails.
+document is a mapping with a top-level ``models`` list, a list of mappings each with a
+``name`` and one of the model fields ``source``, ``engine``, ``profile`` (a model entry list,
+applied as ``models:`` of it), or one such mapping (one entry). Other YAML (Prometheus,
+Ansible) is left alone. A block that cannot be read as YAML at all fails.
 """
 
 from __future__ import annotations
@@ -47,10 +48,17 @@ def as_catalog(document: Any) -> dict[str, Any] | None:
     """The catalog a block shows, by the rule in the module's docstring; None if none."""
     if isinstance(document, dict) and isinstance(document.get("models"), list):
         return document
-    if isinstance(document, list) and document and all(
-            isinstance(e, dict) and "name" in e and "engine" in e for e in document):
+    if is_entry(document):
+        return {"models": [document]}
+    if isinstance(document, list) and document and all(is_entry(e) for e in document):
         return {"models": document}
     return None
+
+
+def is_entry(value: Any) -> bool:
+    """A model entry as a doc would show one: a name and a model field."""
+    return isinstance(value, dict) and "name" in value and bool(
+        {"source", "engine", "profile"} & value.keys())
 
 
 def doc_catalogs() -> list[Any]:
@@ -73,6 +81,15 @@ def test_the_rule_finds_the_catalogs_the_docs_are_known_to_show() -> None:
     names = [p.values[0] for p in CATALOGS]
     assert any(n.startswith("README.md:") for n in names), names
     assert any(n.startswith("docs/operations.md:") for n in names), names
+
+
+def test_an_entry_shown_alone_or_without_an_engine_is_still_a_catalog() -> None:
+    # A doc showing entries that lack a required field must be checked (and fail), not
+    # skipped as "not a catalog"; Ansible tasks and Prometheus rules are not entries.
+    assert as_catalog([{"name": "m", "source": "file:///m.gguf"}]) is not None
+    assert as_catalog({"name": "m", "engine": "llama.cpp"}) is not None
+    assert as_catalog([{"name": "Install | x", "ansible.builtin.copy": {"src": "a"}}]) is None
+    assert as_catalog({"groups": [{"name": "llmgw", "rules": []}]}) is None
 
 
 @pytest.fixture(scope="module")
