@@ -24,8 +24,11 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
                         "trailers", "upgrade", "proxy-authorization", "proxy-authenticate",
                         "proxy-connection"})
 # The client's API key is the router's business, not the engine's: it is never forwarded.
-_DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key"}
+# Expect: the router has read the whole body already (an engine asked to wait for a 100
+# that never comes would hang the request).
+_DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key", "expect"}
 _DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length"}
+_STREAM_HEADERS = (("X-Accel-Buffering", "no"), ("Cache-Control", "no-cache"))  # unless set
 REPLICA_HEADER = "X-Llmgw-Replica"     # names the replica that served (not a secret)
 MODEL_HEADER = "X-Llmgw-Model"         # names the model that served (a fallback, say)
 
@@ -151,7 +154,8 @@ class Upstreams:
                 slot.release()
             headers.append(("Content-Length", str(len(data))))
             return Answered(answer.status, headers, [data])
-        headers += [("X-Accel-Buffering", "no"), ("Cache-Control", "no-cache")]
+        named = {k.lower() for k, _ in headers}
+        headers += [(k, v) for k, v in _STREAM_HEADERS if k.lower() not in named]
         return Answered(answer.status, headers, _Stream(slot, answer))
 
 

@@ -15,9 +15,10 @@ Slots: :func:`run` also makes the shared in-flight counts file (``slots.py``) be
 worker forks; ``pre_fork`` gives each worker a stable row (the lowest free index),
 ``post_fork`` passes it to the worker, ``child_exit`` zeroes a dead worker's row.
 
-Bodies: a request answered before its body was read (a 413 on Content-Length, a 401, a 404)
-closes its connection (``post_request``) unless what is left is at most 64 KiB, instead of
-gunicorn reading and dropping the rest, however large, to reach the next request.
+Connections: each worker is :class:`.worker.RouterWorker`, gunicorn's gevent worker with
+a lean HTTP/1.1 loop of its own (strict parsing, an answer's head and body in one send; a
+request answered before its body was read closes its connection unless what is left is
+at most 64 KiB).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from . import homes, slots
 from .config import RouterConfig
 
 GRACEFUL_TIMEOUT_S = 30
-SMALL_UNREAD_BODY = 1 << 16     # drained to keep the connection; anything larger closes it
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"   # read by prometheus_client at its import
 _ROW_ATTR = "llmgw_slot_row"    # on gunicorn's worker object: its row in the slots file
 
@@ -45,7 +45,7 @@ def gunicorn_options(config: RouterConfig) -> dict[str, Any]:
     return {
         "bind": [f"{host}:{config.port}"],
         "workers": config.workers,
-        "worker_class": "gevent",
+        "worker_class": "llmgw_runtime.router.worker.RouterWorker",
         "worker_connections": config.worker_connections,
         "graceful_timeout": GRACEFUL_TIMEOUT_S,
         "keepalive": 5,
@@ -96,26 +96,6 @@ def _post_fork(server: Any, worker: Any) -> None:
             "workers' (too many workers for the slots file)", os.getpid())
 
 
-def _unread_body_is_large(environ: dict[str, Any]) -> bool:
-    from .body import BODY_READ
-
-    if environ.get(BODY_READ):
-        return False
-    if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
-        return True
-    try:
-        return int(environ.get("CONTENT_LENGTH") or 0) > SMALL_UNREAD_BODY
-    except ValueError:
-        return True
-
-
-def _post_request(worker: Any, req: Any, environ: dict[str, Any], resp: Any) -> None:
-    """gunicorn hook, in the worker after each answer: close the connection rather than
-    read a large unread body (see the module's docstring)."""
-    if _unread_body_is_large(environ):
-        req.force_close()
-
-
 class _RouterApplication(BaseApplication):  # type: ignore[misc]
     def __init__(self, config: RouterConfig) -> None:
         self._config = config
@@ -128,7 +108,6 @@ class _RouterApplication(BaseApplication):  # type: ignore[misc]
         self.cfg.set("child_exit", _child_exit)
         self.cfg.set("pre_fork", _pre_fork)
         self.cfg.set("post_fork", _post_fork)
-        self.cfg.set("post_request", _post_request)
 
     def load(self) -> Any:
         from .app import create_app  # imported in the worker, after gevent patched

@@ -9,10 +9,17 @@ that gunicorn's ``pre_fork`` hook gives it: the lowest one no live worker holds,
 hashes in the file; a column whose replica left the routes table and whose counts are all
 0 is reused when the directory is full.
 
-Every check-and-take runs under ``fcntl.lockf`` on the file: read the other workers'
-counts, decide, write this worker's count. The critical section is a few microseconds
-and never yields (under gevent the lock call blocks the whole worker, on purpose). The
-master zeroes a dead worker's row (:func:`zero_row` from ``child_exit``).
+Every check-and-take runs under one lock shared by the router's processes: read the other
+workers' counts, decide, write this worker's count. The critical section is a few
+microseconds and never yields. The lock is a POSIX semaphore made with the file, before
+any worker forks (:func:`create_file`): taking and giving it back costs no system call
+while nobody waits (0.2 us, against 4 us for the two ``fcntl.lockf`` calls it replaced,
+taken several times per request). A worker that finds it taken yields to its other
+greenlets until it is free; a holder that died inside the critical section (killed in
+those microseconds) cannot give it back, so after :data:`LOCK_STALE_S` the waiter takes
+it over, with a warning. A file opened without its semaphore (a process that did not
+fork from the one that made it) falls back to ``fcntl.lockf``. The master zeroes a dead
+worker's row (:func:`zero_row` from ``child_exit``).
 
 Without gunicorn (an app made in-process) :class:`LocalSlots` keeps the same interface in
 memory: this process is the only one counting.
@@ -24,11 +31,17 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import mmap
+import multiprocessing
 import os
 import struct
 import threading
+import time
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 FILE_ENV = "LLMGW_SLOTS_FILE"
 ROW_ENV = "LLMGW_SLOTS_ROW"
@@ -37,6 +50,9 @@ COLUMNS = 4096             # replicas one router tracks at once (api.fields.MAX_
 SPARE_ROWS = 8             # rows beyond the configured workers (gunicorn TTIN, reloads)
 _MAGIC = b"LLMGWSL1"
 _HEADER = struct.Struct("<8sII")     # magic, rows, columns
+LOCK_STALE_S = 1.0         # a lock held this long belongs to a dead worker: taken over
+# path -> the semaphore made with the file (create_file, in the master; inherited by fork)
+_FORK_LOCKS: dict[str, Any] = {}
 
 
 def stable_hash(text: str) -> int:
@@ -116,7 +132,30 @@ def create_file(directory: str, workers: int) -> str:
     with open(path, "wb") as f:
         f.write(_HEADER.pack(_MAGIC, rows, COLUMNS))
         f.truncate(size)
+    _FORK_LOCKS[path] = multiprocessing.Lock()
     return path
+
+
+def _take_shared(lock: Any) -> None:
+    """Take the file's semaphore: at once when free; else yield (``time.sleep(0)``: to
+    gevent's other greenlets in a worker) until it is, taking it over after
+    :data:`LOCK_STALE_S` from a holder that must have died."""
+    if lock.acquire(False):
+        return
+    deadline = time.monotonic() + LOCK_STALE_S
+    while not lock.acquire(False):
+        if time.monotonic() > deadline:
+            log.warning("the slot counts' lock was held for over %g s: its holder must have "
+                        "died inside it; taking it over", LOCK_STALE_S)
+            return      # held now on the dead holder's behalf; given back at the end
+        time.sleep(0)
+
+
+def _give_shared(lock: Any) -> None:
+    try:
+        lock.release()
+    except ValueError:      # already given back: it was taken over from a slow holder
+        pass
 
 
 def rows_of(path: str) -> int:
@@ -138,13 +177,20 @@ def zero_row(path: str, row: int) -> None:
         magic, rows, cols = _HEADER.unpack(f.read(_HEADER.size))
         if magic != _MAGIC or not 0 <= row < rows:
             return
-        fcntl.lockf(f.fileno(), fcntl.LOCK_EX)
+        shared = _FORK_LOCKS.get(path)
+        if shared is not None:
+            _take_shared(shared)
+        else:
+            fcntl.lockf(f.fileno(), fcntl.LOCK_EX)
         try:
             f.seek(_HEADER.size + 8 * cols + 4 * row * cols)
             f.write(b"\0" * (4 * cols))
             f.flush()
         finally:
-            fcntl.lockf(f.fileno(), fcntl.LOCK_UN)
+            if shared is not None:
+                _give_shared(shared)
+            else:
+                fcntl.lockf(f.fileno(), fcntl.LOCK_UN)
 
 
 class SharedSlots:
@@ -169,6 +215,7 @@ class SharedSlots:
         self._hash: dict[str, int] = {}
         self._live: frozenset[int] = frozenset()   # hashes of replicas in the routes table
         self._lock = threading.Lock()
+        self._shared = _FORK_LOCKS.get(path)
         with self.locked():
             for col in range(cols):
                 self._counts[self._mine_at + col] = 0
@@ -180,14 +227,20 @@ class SharedSlots:
     def __enter__(self) -> None:
         self._lock.acquire()
         try:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX)
+            if self._shared is not None:
+                _take_shared(self._shared)
+            else:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX)
         except BaseException:
             self._lock.release()
             raise
 
     def __exit__(self, *exc: object) -> None:
         try:
-            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+            if self._shared is not None:
+                _give_shared(self._shared)
+            else:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN)
         finally:
             self._lock.release()
 

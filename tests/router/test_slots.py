@@ -3,7 +3,10 @@ routers, and the admission shell (router/admit.py) on top of them."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,6 +57,34 @@ def test_another_process_sees_what_a_worker_holds_and_a_dead_row_is_zeroed(
     zero_row(path, 1)                     # the master, when worker 1 exited
     with mine.locked():
         assert mine.others(["r1"]) == [0] and mine.totals(["r1"]) == [2]
+
+
+def _die_holding_the_lock(path: str, row: int) -> None:
+    counts = SharedSlots(path, row)
+    counts.locked().__enter__()
+    counts.set_mine("r1", 1)
+    os._exit(0)                        # killed inside the critical section
+
+
+def test_a_worker_that_died_holding_the_lock_does_not_stop_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = create_file(str(tmp_path), workers=2)
+    _in_child(_die_holding_the_lock, path, 1)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="llmgw_runtime.router.slots"):
+        mine = SharedSlots(path, 0)    # zeroes its own row under the lock
+        with mine.locked():
+            assert mine.others(["r1"]) == [1]
+    waited = time.monotonic() - started
+    assert slots.LOCK_STALE_S <= waited < slots.LOCK_STALE_S + 2
+    assert "its holder must have died" in caplog.text
+    zero_row(path, 1)                  # the master, when it saw the worker exit
+    for _ in range(3):                 # the lock works as before: no wait, no warning
+        caplog.clear()
+        started = time.monotonic()
+        with mine.locked():
+            assert mine.others(["r1"]) == [0]
+        assert time.monotonic() - started < 0.5 and not caplog.text
 
 
 def _take_and_give_back(path: str, row: int, limit: int, rounds: int,
