@@ -33,8 +33,10 @@ consistent hashing with bounded loads alone (:func:`.affinity.choose`). Loads co
 each replica serves and has waiting for it. A request is admitted only at its home, or
 waits for a slot there even when another replica has one free: a cached home for as long
 as a request served away from its home takes (``fresh_s``: what moving costs, the prompt
-computed anew), another for :data:`SPILL_SERVICES` mean service times; at most half of
-``max_wait_s``. After that any free slot will do, and the replica it ends up on is
+computed anew), at most half of ``max_wait_s``. A prefix not remembered is cached nowhere
+and takes the first free slot anywhere (waiting for the replica it was placed at left
+slots idle under overload); without the table, a hashed home waits
+:data:`SPILL_SERVICES` mean service times. After that any free slot will do, and the replica it ends up on is
 remembered as its home. When a slot frees, a waiting request cached at that replica goes
 first within the class served next (:meth:`~Admission._cached_turn`: shortest job first).
 The bounded load keeps a hot prefix from piling onto one replica (its home moves on once
@@ -228,8 +230,16 @@ class Admission:
             self._unqueue(m, victim, rotate=False)
             self._decide(victim, Rejected("queue_full", self._retry_after(m)), [])
         # A remembered home holds the prefix's cache: worth waiting for as long as
-        # computing it anew elsewhere takes (a request served away from its home).
-        patience = m.fresh_s if cached else SPILL_SERVICES * m.service_s
+        # computing it anew elsewhere takes (a request served away from its home). A
+        # prefix not remembered is cached nowhere: the first free slot anywhere serves it
+        # as well as the one it was placed at (waiting there left slots idle under load).
+        # Without the table, the hashed home may hold it: wait a while for it.
+        if cached:
+            patience = m.fresh_s
+        elif self.homes is not None:
+            patience = 0.0
+        else:
+            patience = SPILL_SERVICES * m.service_s
         ticket = Ticket(next(self._ids), model, key_id, priority, prefix, now,
                         now + self.max_wait_s, home=home, cached=cached,
                         spill_at=now + min(self.max_wait_s / 2, patience))
