@@ -29,7 +29,6 @@ from .catalog_bounds import (
     MAX_NODES,
     MAX_PP,
     MAX_QUEUE_PER_MODEL,
-    MAX_REPLICAS,
     MAX_SIZE_BYTES,
     MAX_SLOTS_PER_REPLICA,
     MAX_SOURCE_CHARS,
@@ -41,6 +40,7 @@ from .catalog_bounds import (
     load_yaml,
 )
 from .catalog_names import NAME_RE, aliases_of, fallback_of, name_clashes
+from .catalog_scale import Autoscale, autoscale_of, replicas_of
 from .engines.drivers import args_problem
 from .engines.owned import owned_flags_in, owned_flags_message
 from .engines.slots import SLOT_FLAGS, slots_from_args
@@ -50,7 +50,8 @@ from .weights.sources import parse_source
 ENGINES = ("llama.cpp", "vllm")
 MODEL_FIELDS = ("name", "source", "engine", "profile", "replicas", "on_demand",
                 "idle_stop_after", "args", "strategy", "sha256", "size_bytes",
-                "routing", "slots", "max_queue", "max_wait_s", "aliases", "fallback")
+                "routing", "slots", "max_queue", "max_wait_s", "aliases", "fallback",
+                "autoscale")
 STRATEGIES = ("binpack", "spread")
 ROUTINGS = ("prefix-affinity", "least-outstanding")
 DEFAULT_MAX_QUEUE = 100
@@ -110,6 +111,10 @@ class ModelSpec:
     aliases: tuple[str, ...] = field(default_factory=tuple)
     # Models its requests go to, in order, when it is parked, unplaceable or at capacity.
     fallback: tuple[str, ...] = field(default_factory=tuple)
+    # replicas: {min, max} (catalog_scale.py): the max when above ``replicas`` (the min;
+    # None: fixed), and how the control service scales in between (None: it does not).
+    replicas_max: int | None = None
+    autoscale: Autoscale | None = None
 
     @property
     def definition_hash(self) -> str:
@@ -242,17 +247,14 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
         problems.append(f"{who}: engine {brief(engine)} is unknown; use one of "
                         f"{', '.join(ENGINES)}")
     profile = _profile(problems, who, raw.get("profile"))
-    replicas = _int(problems, f"{who}: replicas", raw.get("replicas", 1), 0, MAX_REPLICAS,
-                    "MAX_REPLICAS")
-    on_demand = raw.get("on_demand", False)
-    if not isinstance(on_demand, bool):
-        problems.append(f"{who}: on_demand must be true or false, not {brief(on_demand)}")
+    replicas = replicas_of(problems, who, raw)
+    on_demand = replicas.on_demand
     idle = raw.get("idle_stop_after")
     idle_s: float | None = None
     if idle is not None:
-        if on_demand is not True:
+        if not on_demand:
             problems.append(f"{who}: idle_stop_after applies only to on_demand models; "
-                            "remove it or set on_demand: true")
+                            "remove it, or set on_demand: true (or replicas.min 0)")
         try:
             idle_s = parse_duration(idle)
         except ValueError as exc:
@@ -281,13 +283,15 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
         problems.append(f"{who}: sha256 and size_bytes apply to https:// and file:// "
                         "sources; huggingface_hub checks hf:// downloads itself")
     routing, slots, max_queue, max_wait_s = _admission(problems, who, raw, engine, args)
+    autoscale = autoscale_of(problems, who, raw.get("autoscale"), replicas, max_wait_s)
     aliases = aliases_of(problems, who, raw.get("aliases", []), name)
     fallback = fallback_of(problems, who, raw.get("fallback", []), name)
     if len(problems) > before or profile is None:
         return None
     assert isinstance(name, str) and isinstance(source, str) and isinstance(engine, str)
     return ModelSpec(name=name, source=source, engine=engine, profile=profile,
-                     replicas=replicas, on_demand=bool(on_demand), idle_stop_after_s=idle_s,
+                     replicas=replicas.count, replicas_max=replicas.maximum,
+                     autoscale=autoscale, on_demand=on_demand, idle_stop_after_s=idle_s,
                      args=tuple(str(a) for a in args), strategy=str(strategy),
                      sha256=sha256.lower() if isinstance(sha256, str) else None,
                      size_bytes=size, routing=routing, slots=slots, max_queue=max_queue,
@@ -442,7 +446,14 @@ def spec_from_row(row: Any) -> ModelSpec:
                      strategy=row.strategy or "binpack", sha256=row.sha256,
                      size_bytes=row.size_bytes, **_admission_of(row),
                      aliases=tuple(json.loads(getattr(row, "aliases", None) or "[]")),
-                     fallback=tuple(json.loads(getattr(row, "fallback", None) or "[]")))
+                     fallback=tuple(json.loads(getattr(row, "fallback", None) or "[]")),
+                     replicas_max=getattr(row, "replicas_max", None),
+                     autoscale=autoscale_from_text(getattr(row, "autoscale", None)))
+
+
+def autoscale_from_text(text: str | None) -> Autoscale | None:
+    """A row's stored autoscale settings (JSON written by the store from a spec)."""
+    return Autoscale(**json.loads(text)) if text else None
 
 
 def _admission_of(row: Any) -> dict[str, Any]:

@@ -92,14 +92,28 @@ class Routes(Answer):
 IdleSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e9)]
 
 
+QueueSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=3600)]
+
+
 class ModelCapacity(Message):
-    """One model at capacity in one router, over the interval since its last post."""
+    """One model's load in one router (all its workers), over the interval since this
+    worker's last post: what the control service scales on (docs/autoscaling.md) and
+    shows as "at capacity"."""
 
     waiting: Annotated[int, Field(strict=True, ge=0, le=MAX_QUEUE)]     # at the post
     in_flight: SmallCount                                                # at the post
     slots: SmallCount                                                    # this router's
     rejected: SmallCount                                                 # in the interval
-    wait_p90_s: Annotated[float, Field(allow_inf_nan=False, ge=0, le=3600)] = 0.0
+    wait_p90_s: QueueSeconds = 0.0       # of the requests that stopped waiting in it
+    # The most slots this router's requests held at once in the interval (at least
+    # in_flight); how long the oldest request still waiting has waited, at the post;
+    # requests that had to wait in the interval. Absent from a router older than them.
+    busy: SmallCount = 0
+    oldest_wait_s: QueueSeconds = 0.0
+    queued: SmallCount = 0
+    # Whether every slot was taken with requests waiting or refused in the interval; a
+    # router older than the field posted only such models.
+    at_capacity: Bool = True
 
 
 class IdleMap(Message):
@@ -109,9 +123,13 @@ class IdleMap(Message):
     unknown, never zero."""
 
     replicas: dict[Id, IdleSeconds] = Field(max_length=MAX_LIST * 4)
-    # Models this router found at capacity since its last post (every slot taken and
-    # requests waiting, or refused for capacity); absent: none was.
+    # The load of each model this router served since its last post or holds requests
+    # of (a router older than at_capacity posted only models at capacity); absent: none.
     capacity: dict[Name, ModelCapacity] = Field(default_factory=dict, max_length=MAX_LIST)
+    # Which router posts (the same for all its workers, new at each start): the control
+    # service sums the load over routers and not over one router's workers. None: a
+    # router older than the field.
+    router: Id | None = None
 
 
 class Unreachable(Message):

@@ -5,7 +5,8 @@ passed in, and new replica ids come from ``settings.new_id``. ``control/fleet.py
 fleet, calls this, and writes the changes; the reconciler process and the views only call
 that layer. Each rule is its own small function, table-tested in tests/control/test_decide.py:
 failures and parking, resetting a streak once a replica is ready, idle stops of on-demand
-models, placement (``placement.place``), and rendezvous ports of multi-node replicas.
+models, autoscaling (``control/autoscale.py``), placement (``placement.place``), and
+rendezvous ports of multi-node replicas.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from ..api.states import ReplicaState
 from ..placement import place
 from ..placement.model import heard_from
-from . import snapshot
+from . import autoscale, snapshot
 from .states import PARK_AFTER, backoff_s, idle_expired
 
 
@@ -176,8 +177,27 @@ def decide(fleet: Fleet, now: float, settings: Settings) -> Changes:
             changes.events.append(("idle-stop", model.name,
                                    f"nobody used it for {model.idle_stop_after_s:.0f} s; "
                                    "stopping"))
+        _scale(model, by_model.get(model.name, []), now, changes)
     _place(fleet, models, live, now, settings, changes)
     return changes
+
+
+def _scale(model: Any, replicas: list[Any], now: float, changes: Changes) -> None:
+    """The autoscaler's step for one model (a no-op for fixed replicas): its target and
+    state into the row (only when they change) and the event."""
+    step = autoscale.decide_model(model, replicas, now)
+    if step is not None:
+        _apply_step(model, step, changes)
+
+
+def _apply_step(model: Any, step: autoscale.Step, changes: Changes) -> None:
+    values = {"scale_target": step.target, "scale_state": step.state.to_text()}
+    values = {k: v for k, v in values.items() if getattr(model, k, None) != v}
+    if values:
+        vars(model).update(values)
+        changes.update_model(model.name, **values)
+    if step.event:
+        changes.events.append((autoscale.EVENT, model.name, step.event))
 
 
 def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
@@ -227,13 +247,42 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
                                                                 "no longer wanted; stopping")))
         changes.events.append(("stop", replica_id,
                                plan.stop_reasons.get(replica_id, "no longer wanted; stopping")))
+    placed = _placed(live, plan)
     for model in models.values():
-        reason = plan.unplaceable.get(model.name)
+        reason = _scale_unplaceable(model, placed.get(model.name, 0),
+                                    plan.unplaceable.get(model.name), now, changes)
         changes.unplaceable[model.name] = reason
         if reason != model.placement_reason:
             changes.update_model(model.name, placement_reason=reason)
             if reason:
                 changes.events.append(("unplaceable", model.name, reason))
+
+
+def _placed(live: list[Any], plan: Any) -> dict[str, int]:
+    """Replicas each model has once the plan is carried out (stops left out)."""
+    stopped = set(plan.stops)
+    out: dict[str, int] = {}
+    for name in [r.model for r in live if r.id not in stopped] + [s.model for s in plan.starts]:
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def _scale_unplaceable(model: Any, placed: int, reason: str | None, now: float,
+                       changes: Changes) -> str | None:
+    """The model's placement reason, or None when it only concerns replicas the
+    autoscaler added beyond the floor: that step is taken back (autoscale.py) and the
+    model stays what it is, not unplaceable."""
+    scale = autoscale.scaled(model) if reason else None
+    target = getattr(model, "scale_target", None)
+    if scale is None or not scale.wanted or target is None:
+        return reason
+    step = autoscale.unplaceable_step(target, placed, scale.floor, reason,
+                                      autoscale.ScaleState.of(model.scale_state), now,
+                                      scale.settings.cooldown_s)
+    if step is None:
+        return reason
+    _apply_step(model, step, changes)
+    return None
 
 
 def _ports_by_node(fleet: Fleet, deleted: set[str]) -> dict[str, set[int]]:

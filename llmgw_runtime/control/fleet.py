@@ -21,7 +21,7 @@ from ..errors import CatalogError, NotFoundError
 from ..placement import place
 from ..status import summary as status_summary
 from ..store import repo
-from . import snapshot
+from . import autoscale, snapshot
 from .decide import Changes, Fleet, Settings, decide, new_definition, unpark_values
 from .states import model_state, start_streak
 
@@ -79,9 +79,10 @@ def models_view(conn: Connection, now: float) -> list[dict[str, Any]]:
     out = []
     for row in repo.list_models(conn):
         item = repo.model_to_dict(row)
-        state = model_state(row, reps_by_model.get(row.name, []), now)
+        reps = reps_by_model.get(row.name, [])
+        state = model_state(row, reps, now)
         item.update(state=state.state, reason=state.reason, ready=state.ready,
-                    wanted=state.wanted)
+                    wanted=state.wanted, scaling=autoscale.view(row, reps, now))
         out.append(item)
     return out
 

@@ -32,6 +32,7 @@ from ..security import bearer
 from ..status.summary import AT_CAPACITY_S, device_label
 from ..store import Store, repo
 from ..store.members import StoreHealth
+from . import autoscale_metrics
 from .config import ControlConfig, instance_of_holder
 from .reconcile import LEASE
 from .states import model_state, wanted_replicas
@@ -150,6 +151,7 @@ class ControlCollector(Collector):
             full.add_metric([model.name], 1 if at is not None and now - at <= AT_CAPACITY_S
                             else 0)
         yield from (desired, ready, failures, parked, unplaceable, full)
+        yield from autoscale_metrics.families(models, by_model, now)
 
     def _replicas(self, replicas: list[Any]) -> Iterator[Metric]:
         counts = Counter(r.state for r in replicas)

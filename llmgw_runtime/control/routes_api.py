@@ -92,16 +92,22 @@ def idle() -> Any:
             # Several routers post maps: keep the newest time seen.
             if row is not None and (row.last_used is None or when > row.last_used):
                 repo.update_replica(conn, replica_id, last_used=float(when))
-        # Models at capacity: merged into the window of reports (control/capacity.py). A
-        # retry after a failover may count one post's refusals twice: a display figure.
+        # Each model's load joins its router's posts (control/capacity.py: what autoscaling
+        # reads); one at capacity is merged into the window of such reports too. A retry
+        # after a failover may count one post's refusals twice: a display figure, and
+        # one more reason to scale up.
         rows = repo.models_named(conn, set(body.capacity))
         for name, report in body.capacity.items():
             row = rows.get(name)
             if row is None:
                 continue
-            stored = json.loads(row.capacity) if row.capacity else None
-            repo.update_model(conn, name, capacity_at=now,
+            values: dict[str, Any] = {"load": json.dumps(capacity.record_load(
+                json.loads(row.load) if row.load else None, body.router, report, now))}
+            if report.at_capacity:
+                stored = json.loads(row.capacity) if row.capacity else None
+                values.update(capacity_at=now,
                               capacity=json.dumps(capacity.merge(stored, report, now)))
+            repo.update_model(conn, name, **values)
     store().write(write)
     return "", 204
 

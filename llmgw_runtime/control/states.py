@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.states import ReplicaState
+from ..catalog_scale import active_floor, replica_range
 
 PARK_AFTER = 5                 # start failures in a row
 BACKOFF_BASE_S = 5.0
@@ -40,14 +41,20 @@ def in_backoff(consecutive_failures: int, last_failure_at: float | None, now: fl
 
 def wanted_replicas(model: Any, replicas: list[Any], now: float) -> int:
     """Replicas ``model`` (a models row) should have now. An on-demand model has none
-    until activated, and goes back to none when every replica was idle long enough."""
+    until activated, and goes back to none when every replica was idle long enough. A
+    model with a replica range runs the autoscaler's target (control/autoscale.py) within
+    it, its floor until there is one."""
     if model.parked:
         return 0
-    if not model.on_demand:
-        return int(model.replicas)
-    if model.activated_at is None:
+    if model.on_demand and model.activated_at is None:
         return 0
-    return max(int(model.replicas), 1)
+    floor = active_floor(model.replicas, bool(model.on_demand))
+    target = getattr(model, "scale_target", None)
+    if target is None:
+        return floor
+    ceiling = replica_range(model.replicas, getattr(model, "replicas_max", None),
+                            bool(model.on_demand))[1]
+    return max(floor, min(int(target), ceiling))
 
 
 def idle_expired(model: Any, replicas: list[Any], now: float) -> bool:

@@ -103,6 +103,8 @@ class _Interval:
     """What one model went through since the last capacity report."""
     queued: int = 0
     rejected: int = 0
+    admitted: int = 0
+    busy: int = 0          # the most slots the router's requests held at one admission
     waits: list[float] = field(default_factory=list)
 
 
@@ -125,6 +127,7 @@ class Gate:
         self._shares: dict[tuple[Endpoint, ...], dict[str, int]] = {}
         self._endpoints: dict[str, dict[str, Endpoint]] = {}
         self._interval: dict[str, _Interval] = {}
+        self._queued_at: dict[str, dict[int, float]] = {}   # model -> waiting ticket -> since
         self._at_once: dict[str, Any] = {}    # model -> its admitted{how="at_once"} child
         self._max_queue: dict[str, int] = {}     # the catalog's; the core's is what is left
         self._waiting = 0
@@ -153,6 +156,8 @@ class Gate:
             core.others = dict(zip(rids, others, strict=True))
             decision = core.try_admit(model, key_id, priority, effective, now, prefix)
             self._sync(core, model, rids)
+            if isinstance(decision, Admitted):
+                self._note_busy(model, sum(others) + sum(map(core.in_flight, rids)))
         if isinstance(decision, Admitted):
             at_once = self._at_once.get(model)
             if at_once is None:    # labels() costs microseconds: once per model
@@ -173,6 +178,7 @@ class Gate:
             event.set()
         self._waiting += 1
         self._interval.setdefault(model, _Interval()).queued += 1
+        self._queued_at.setdefault(model, {})[ticket.id] = ticket.enqueued_at
         self._metrics.queue_depth.labels(model).inc()
         self._ensure_poller()
         try:
@@ -194,6 +200,7 @@ class Gate:
             raise
         finally:
             self._waiting -= 1
+            self._queued_at.get(model, {}).pop(ticket.id, None)
             waited = self._clock() - ticket.enqueued_at
             self._metrics.queue_depth.labels(model).dec()
             self._metrics.queue_wait.labels(model).observe(waited)
@@ -203,6 +210,9 @@ class Gate:
         outcome = ticket.outcome
         if isinstance(outcome, Admitted):
             self._metrics.admitted.labels(model, "after_wait").inc()
+            with self._counts.locked():
+                self._note_busy(model, sum(self._counts.totals(self._replicas.get(model,
+                                                                                   ()))))
             lease = Lease(Endpoint(outcome.replica, ""), self, core, model, self._clock(),
                           outcome.at_home)
             endpoint = self._endpoints.get(model, {}).get(outcome.replica)
@@ -255,6 +265,16 @@ class Gate:
             self._sync(core, model, rids if replica in rids else (*rids, replica))
 
     # -- inside ---------------------------------------------------------------------------
+
+    def _note_busy(self, model: str, held: int) -> None:
+        """A request of ``model`` was admitted with ``held`` slots of its replicas taken
+        by the router's requests (all workers): the interval's count and peak."""
+        stats = self._interval.get(model)
+        if stats is None:
+            stats = self._interval[model] = _Interval()
+        stats.admitted += 1
+        if held > stats.busy:
+            stats.busy = held
 
     def _core(self, model: str, max_queue: int, max_wait_s: float) -> Admission:
         core = self._cores.get(model)
@@ -340,28 +360,41 @@ class Gate:
             return {model: sum(self._counts.totals(rids)) for model, rids in replicas.items()}
 
     def capacity(self) -> dict[str, ModelCapacity]:
-        """Models that had waiting or refused requests since the last call (the routes
-        tick posts them to the control service), and starts a new interval. ``waiting``,
-        ``in_flight`` and ``slots`` are the router's (all workers), ``rejected`` and the
-        wait p90 this worker's."""
+        """The load of every model this worker admitted, queued or refused requests of
+        since the last call, or holds requests of now (the routes tick posts it to the
+        control service, which scales on it), and starts a new interval. ``waiting``,
+        ``in_flight``, ``slots`` and ``busy`` are the router's (all workers); ``rejected``,
+        ``queued``, the wait p90 and the oldest wait this worker's."""
         interval, self._interval = self._interval, {}
+        now = self._clock()
         out: dict[str, ModelCapacity] = {}
         for model, core in self._cores.items():
             stats = interval.get(model, _Interval())
-            waiting = core.waiting(model)
-            if not (waiting or stats.queued or stats.rejected):
-                continue
             rids = self._replicas.get(model, ())
+            waiting = core.waiting(model)
+            if not (waiting or stats.queued or stats.rejected or stats.admitted
+                    or any(map(core.in_flight, rids))):
+                continue
             with self._counts.locked():
                 *in_flight_at, waiting = self._counts.totals((*rids, _QUEUE + model))
             in_flight = sum(in_flight_at)
             waits = sorted(stats.waits)
             p90 = waits[min(len(waits) - 1, math.ceil(0.9 * len(waits)) - 1)] if waits else 0.0
+            since = self._queued_at.get(model)
+            oldest = now - min(since.values()) if since else 0.0
             out[model] = ModelCapacity(
                 waiting=min(waiting, MAX_QUEUE), in_flight=min(in_flight, _BIG),
                 slots=min(sum(self._slots.get(model, {}).values()), _BIG),
-                rejected=min(stats.rejected, _BIG), wait_p90_s=min(max(p90, 0.0), 3600.0))
+                rejected=min(stats.rejected, _BIG), wait_p90_s=_seconds(p90),
+                busy=min(max(stats.busy, in_flight), _BIG), oldest_wait_s=_seconds(oldest),
+                queued=min(stats.queued, _BIG),
+                at_capacity=bool(waiting or stats.queued or stats.rejected))
         return out
+
+
+def _seconds(value: float) -> float:
+    """A wait as a report carries it: within 0 .. 3600 s."""
+    return min(max(value, 0.0), 3600.0)
 
 
 def _wake(ticket: Ticket) -> None:

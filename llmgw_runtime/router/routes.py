@@ -11,6 +11,9 @@ posts).
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -31,10 +34,23 @@ from ..api.router import (
 from ..api.transport import RemoteError, Transport
 from ..errors import LlmgwError
 from .balancer import Endpoint
+from .slots import FILE_ENV, stable_hash
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 log = logging.getLogger(__name__)
+_PROCESS_ID = secrets.token_hex(6)
+
+
+def router_instance() -> str:
+    """Which router this process belongs to, the same for every worker of one router and
+    new at each start: the host and the router's own shared-counts file (``serve.run``
+    makes one per start, before the workers fork); a process serving alone has its own.
+    The control service sums load over routers, not over one router's workers."""
+    shared = os.environ.get(FILE_ENV)
+    if not shared:
+        return "rt-" + _PROCESS_ID
+    return f"rt-{stable_hash(socket.gethostname() + ':' + shared):016x}"
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,7 @@ class ControlClient:
                                     timeout_s=timeout_s, connect_timeout_s=min(timeout_s, 3.0),
                                     maxsize=16)
         self._base = self._transport.base
+        self._router = router_instance()
 
     def _call(self, method: str, path: str, body: Any, answer: type[M]) -> M:
         try:
@@ -161,7 +178,8 @@ class ControlClient:
                   capacity: dict[str, ModelCapacity] | None = None) -> None:
         try:
             self._transport.request("POST", "/api/v1/idle",
-                                    IdleMap(replicas=replicas, capacity=capacity or {}))
+                                    IdleMap(replicas=replicas, capacity=capacity or {},
+                                            router=self._router))
         except LlmgwError as exc:
             raise ControlError(f"idle map not accepted: {str(exc)[:300]}") from None
 

@@ -29,7 +29,7 @@ STATE_COLOUR = {"ready": "green", "idle": "dim", "parked": "red", "unplaceable":
                 "pending": "yellow", "fetching": "yellow", "stopping": "dim",
                 "stopped": "dim", "unreachable": "yellow"}
 
-SECTIONS = ("head", "capacity", "fabrics", "models", "problems", "idle", "store")
+SECTIONS = ("head", "capacity", "fabrics", "models", "scaling", "problems", "idle", "store")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 Paint = Callable[[str, str], str]
 
@@ -131,7 +131,7 @@ def render(summary: dict[str, Any], width: int = 100, color: bool = False,
     summary = clean(summary, keep_newlines=True)
     lines: list[str] = []
     parts = {"head": head, "capacity": capacity, "fabrics": fabrics, "models": models,
-             "problems": problems, "idle": idle, "store": store}
+             "scaling": scaling, "problems": problems, "idle": idle, "store": store}
     for section in (parts[name] for name in sections):
         block = section(summary, width, paint)
         if block:
@@ -300,6 +300,46 @@ def model_reason(m: dict[str, Any]) -> str:
     if not full:
         return reason
     return full["note"] + (f"; {reason}" if reason else "")
+
+
+def scaling(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    """Models with a replica range: ready / target (min-max), the signal, and what the
+    autoscaler is waiting for or could not do (docs/autoscaling.md)."""
+    scaled = [m for m in s["models"] if m.get("scaling")]
+    if not scaled:
+        return []
+    rows = []
+    for m in scaled:
+        c = m["scaling"]
+        blocked = c["blocked"] and c["up_for_s"] is not None
+        note = (f"no room for another replica: {c['blocked']}; " if blocked else "") + c["note"]
+        rows.append((m["name"], f"{c['current']}/{c['target']} ({c['min']}-{c['max']})",
+                     scaling_window(c), note))
+    shown, more = capped(rows, LIST_CAP, "llmgw ctl status -o json")
+
+    def colour(col: int, text: str) -> str | None:
+        return "yellow" if col == 2 and text.startswith(("up", "blocked", "at max")) else None
+
+    return (["autoscaling:"]
+            + table(shown, ("MODEL", "READY/TARGET (MIN-MAX)", "NEXT", "SIGNAL"), width,
+                    paint, colour) + ([more] if more else []))
+
+
+def scaling_window(c: dict[str, Any]) -> str:
+    """``up in 20s``, ``up pending`` (a replica starting, or the cooldown), ``at max``,
+    ``blocked`` (no room for another replica), ``down in 4m``, or ``steady``."""
+    settings = c["settings"]
+    if c["up_for_s"] is not None:
+        if c["target"] >= c["max"]:
+            return "at max"
+        if c["blocked"]:
+            return "blocked"
+        left = settings["up_after_s"] - c["up_for_s"]
+        return f"up in {duration(left)}" if left > 0 else "up pending"
+    if c["down_for_s"] is not None and c["target"] > max(c["min"], 1):
+        left = settings["down_after_s"] - c["down_for_s"]
+        return f"down in {duration(left)}" if left > 0 else "down pending"
+    return "steady"
 
 
 def problems(s: dict[str, Any], width: int, paint: Paint) -> list[str]:

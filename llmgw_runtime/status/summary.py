@@ -295,6 +295,7 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
                     "on_demand": m["on_demand"], "parked": bool(m.get("parked")),
                     "consecutive_failures": m.get("consecutive_failures", 0),
                     "last_error": m.get("last_error"), "at_capacity": full[m["name"]],
+                    "scaling": m.get("scaling"),
                     **weights[m["name"]]}
                    for m in models],
         "parked": [{"name": m["name"], "failures": m.get("consecutive_failures", 0),

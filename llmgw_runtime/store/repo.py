@@ -35,6 +35,9 @@ def model_to_dict(row: Any) -> dict[str, Any]:
         "aliases": json.loads(row.aliases) if row.aliases else [],
         "fallback": json.loads(row.fallback) if row.fallback else [],
         "capacity": json.loads(row.capacity) if row.capacity else None,
+        "replicas_max": row.replicas_max,
+        "autoscale": json.loads(row.autoscale) if row.autoscale else None,
+        "scale_target": row.scale_target,
     }
 
 
@@ -48,7 +51,10 @@ def _model_values(spec: ModelSpec) -> dict[str, Any]:
             "routing": spec.routing, "slots": spec.slots, "max_queue": spec.max_queue,
             "max_wait_s": spec.max_wait_s,
             "aliases": json.dumps(list(spec.aliases)) if spec.aliases else None,
-            "fallback": json.dumps(list(spec.fallback)) if spec.fallback else None}
+            "fallback": json.dumps(list(spec.fallback)) if spec.fallback else None,
+            "replicas_max": spec.replicas_max,
+            "autoscale": (json.dumps(spec.autoscale.to_dict(), sort_keys=True)
+                          if spec.autoscale else None)}
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,

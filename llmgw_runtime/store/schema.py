@@ -55,6 +55,15 @@ models = Table(
     Column("aliases", Text, nullable=True),
     # revision 0011: models its requests go to when it cannot serve (JSON list; NULL: none)
     Column("fallback", Text, nullable=True),
+    # revision 0012: autoscaling (docs/autoscaling.md). The catalog's max when replicas is
+    # a range (NULL: fixed) and its autoscale settings (JSON; NULL: not scaled); what the
+    # routers reported of its load (JSON: control/capacity.py); the reconciler's target
+    # and its state (JSON: control/autoscale.py).
+    Column("replicas_max", Integer, nullable=True),
+    Column("autoscale", Text, nullable=True),
+    Column("load", Text, nullable=True),
+    Column("scale_target", Integer, nullable=True),
+    Column("scale_state", Text, nullable=True),
 )
 
 nodes = Table(

@@ -202,7 +202,7 @@ class _Control:
         self.posts.append((replicas, capacity))
 
 
-def test_capacity_is_reported_once_per_interval_even_with_no_idle_map() -> None:
+def test_capacity_and_load_are_reported_each_interval_even_with_no_idle_map() -> None:
     from llmgw_runtime.api.router import ModelCapacity
     from llmgw_runtime.router.routes import RoutesCache
 
@@ -214,9 +214,12 @@ def test_capacity_is_reported_once_per_interval_even_with_no_idle_map() -> None:
     control = _Control()
     cache = RoutesCache(control, 1.0, dict, capacity=gate.capacity)  # type: ignore[arg-type]
     cache.tick()
-    cache.tick()                      # nothing new since: nothing posted
-    assert control.posts == [({}, {"m": ModelCapacity(waiting=0, in_flight=1, slots=1,
-                                                      rejected=1, wait_p90_s=0.0)})]
+    cache.tick()                      # still in flight since: load, not at capacity
+    assert control.posts == [
+        ({}, {"m": ModelCapacity(waiting=0, in_flight=1, slots=1, rejected=1, wait_p90_s=0.0,
+                                 busy=1, at_capacity=True)}),
+        ({}, {"m": ModelCapacity(waiting=0, in_flight=1, slots=1, rejected=0, wait_p90_s=0.0,
+                                 busy=1, at_capacity=False)})]
 
 
 def test_the_queue_bound_is_the_routers_not_each_workers(tmp_path: Path) -> None:

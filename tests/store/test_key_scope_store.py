@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from llmgw_runtime.store import Store, repo
 
-from .test_admission_store import alembic
+from .test_admission_store import alembic, head
 
 
 def test_a_store_at_0008_keeps_its_keys_unscoped_and_unexpiring(store_url: str) -> None:
@@ -19,7 +19,7 @@ def test_a_store_at_0008_keeps_its_keys_unscoped_and_unexpiring(store_url: str) 
             conn.execute(sa.text(
                 "INSERT INTO accounts (name, kind, token_hash, is_admin, created, priority) "
                 "VALUES ('key:app', 'api_key', 'x', 0, 1, 'high')"))
-        assert store.migrate() == "0011"
+        assert store.migrate() == head()
         with store.begin() as conn:
             [key] = repo.accounts_of_kind(conn, "api_key")
             assert (repo.key_models(key), key.expires_at, key.priority) == (None, None, "high")
@@ -41,7 +41,7 @@ def test_a_models_aliases_and_fallbacks_round_trip_and_downgrade(store_url: str)
 
     store = Store(store_url)
     try:
-        assert store.migrate() == "0011"
+        assert store.migrate() == head()
         with store.begin() as conn:
             repo.apply_catalog(conn, catalog.parse(
                 "models:\n  - {name: chat, source: /c.gguf, engine: llama.cpp, "
