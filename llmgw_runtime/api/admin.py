@@ -21,6 +21,7 @@ from .fields import (
     SmallCount,
     Text,
 )
+from .router import Rpm, Tpm
 from .states import ModelState, ReplicaState
 
 KeyName = Annotated[str, Field(strict=True, min_length=1, max_length=100,
@@ -45,6 +46,9 @@ class KeyCreate(Message):
     priority: KeyPriority = "normal"
     models: KeyModels | None = None
     expires_in_s: KeyLifetime | None = None
+    # Limits (docs/keys.md): requests and tokens per minute over all its models; None: none.
+    rpm: Rpm | None = None
+    tpm: Tpm | None = None
 
 
 class KeyCreated(Answer):
@@ -53,15 +57,20 @@ class KeyCreated(Answer):
     priority: KeyPriority = "normal"
     models: list[str] | None = None
     expires_at: Finite | None = None
+    rpm: Rpm | None = None
+    tpm: Tpm | None = None
 
 
 class KeyUpdate(Message):
     """``PATCH /api/v1/keys/<name>``: what changes (the key itself never does); at least
-    one field. ``models: "all"`` lifts a scope, ``expires_in_s: "never"`` an expiry."""
+    one field. ``models: "all"`` lifts a scope, ``expires_in_s: "never"`` an expiry,
+    ``rpm``/``tpm: "none"`` a limit."""
 
     priority: KeyPriority | None = None
     models: KeyModels | Literal["all"] | None = None
     expires_in_s: KeyLifetime | Literal["never"] | None = None
+    rpm: Rpm | Literal["none"] | None = None
+    tpm: Tpm | Literal["none"] | None = None
 
 
 class KeyInfo(Answer):
@@ -71,6 +80,8 @@ class KeyInfo(Answer):
     models: list[str] | None = None
     expires_at: Finite | None = None
     expired: Bool = False
+    rpm: Rpm | None = None
+    tpm: Tpm | None = None
 
 
 class Keys(Answer):

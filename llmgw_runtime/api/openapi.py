@@ -16,7 +16,7 @@ from typing import Any
 import pydantic
 from pydantic.json_schema import models_json_schema
 
-from . import admin, agent, router
+from . import admin, agent, router, usage
 from .fields import MAX_NAME
 
 REF = "#/components/schemas/{model}"
@@ -62,6 +62,9 @@ CONTROL_ROUTES = (
     Route("post", "/api/v1/unreachable", "a router could not connect to a replica: not "
           "routed until its agent reports it ready again", ("router",), None,
           router.Unreachable, status="204"),
+    Route("post", "/api/v1/usage", "tokens per API key and model since this reporter's "
+          "previous report; applied once per reporter and seq", ("router",), usage.UsageAck,
+          usage.UsageReport),
     Route("post", "/api/v1/activate", "someone wants this model now", ("router", "admin"),
           router.ActivateAnswer, router.ActivateRequest, errors=(400, 401, 403, 404)),
     Route("put", "/api/v1/catalog", "apply a catalog (YAML or JSON, docs/catalog.md)", ADMIN,
@@ -97,10 +100,17 @@ CONTROL_ROUTES = (
     Route("get", "/api/v1/keys", "router API keys (names only)", ADMIN, admin.Keys),
     Route("post", "/api/v1/keys", "create a router API key, shown once", ADMIN,
           admin.KeyCreated, admin.KeyCreate, status="201", errors=(400, 401, 403, 409)),
-    Route("patch", "/api/v1/keys/{name}", "change a router API key's priority", ADMIN,
+    Route("patch", "/api/v1/keys/{name}", "change a router API key's priority, scope, "
+          "expiry or limits", ADMIN,
           admin.KeyInfo, admin.KeyUpdate, params=(NAME,), errors=(400, 401, 403, 404)),
     Route("delete", "/api/v1/keys/{name}", "delete a router API key", ADMIN, admin.Deleted,
           params=(NAME,), errors=(401, 403, 404)),
+    Route("get", "/api/v1/usage", "tokens per API key and model over a period", ADMIN,
+          usage.UsageList, params=(
+              Param("since", "query", {"type": "string", "maxLength": 32},
+                    "how far back: 24h (the default), 7d, 90m or seconds"),
+              Param("by", "query", {"enum": ["key", "model", "key,model"]},
+                    "what to sum by (default key,model)"))),
     Route("get", "/metrics", "Prometheus metrics (text exposition format); open unless "
           "LLMGW_METRICS_TOKEN is set", None, "MetricsText", content="text/plain",
           errors=(401,), extra={"security": [{}, {"metrics": []}]}),

@@ -32,6 +32,11 @@ Routing = Literal["prefix-affinity", "least-outstanding"]
 KeyPriority = Literal["high", "normal", "low"]
 WaitSeconds = Annotated[float, Field(allow_inf_nan=False, gt=0, le=3600)]
 ExpiresIn = Annotated[float, Field(allow_inf_nan=False, ge=-1e10, le=1e10)]
+# An API key's limits (docs/keys.md): requests and tokens per minute, over all its models.
+MAX_RPM = 1_000_000
+MAX_TPM = 10_000_000_000
+Rpm = Annotated[int, Field(strict=True, ge=1, le=MAX_RPM)]
+Tpm = Annotated[int, Field(strict=True, ge=1, le=MAX_TPM)]
 
 
 class Endpoint(Answer):
@@ -70,6 +75,16 @@ class RouteModel(Answer):
     engine: Name | None = None
 
 
+class KeyLimits(Answer):
+    """One API key's limits, for the routers: its name (said in the 429 that refuses it),
+    requests per minute and tokens per minute (None: no limit of that kind). Each router
+    of N enforces 1/N of each (docs/keys.md)."""
+
+    name: Name
+    rpm: Rpm | None = None
+    tpm: Tpm | None = None
+
+
 class Routes(Answer):
     """What routers route: every model's state and its ready endpoints."""
 
@@ -87,6 +102,8 @@ class Routes(Answer):
     # them down on its own clock and refuses a key from then on, between two tables too.
     key_expires_in_s: dict[Sha256Hex, ExpiresIn] = Field(default_factory=dict,
                                                           max_length=MAX_KEYS)
+    # Keys with a request or token limit (hash -> limits); absent: no limit.
+    key_limits: dict[Sha256Hex, KeyLimits] = Field(default_factory=dict, max_length=MAX_KEYS)
 
 
 IdleSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e9)]

@@ -394,7 +394,9 @@ def status_main() -> None:
     status_command.main(prog_name=os.path.basename(sys.argv[0]) or "llmgw-status")
 
 
-# The `keys` group lives in keys.py (it uses the helpers above).
+# The `keys` group and `usage` live in keys.py and usage.py (they use the helpers above).
 from .keys import keys  # noqa: E402
+from .usage import usage  # noqa: E402
 
 ctl.add_command(keys)
+ctl.add_command(usage)

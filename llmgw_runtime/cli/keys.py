@@ -1,8 +1,9 @@
 """``llmgw ctl keys``: router API keys: create, list, change, delete.
 
 A key may be limited to some models (``--models a,b``: other models answer 404 as if
-absent) and may expire (``--expires 30d``); both can be changed later (``keys set``), and
-neither changes the key itself. docs/keys.md.
+absent), may expire (``--expires 30d``) and may have limits (``--rpm N``, ``--tpm N``:
+requests and tokens per minute, 429 beyond them); all can be changed later (``keys set``),
+and none changes the key itself. docs/keys.md.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from ..api import admin as messages
+from ..api.router import MAX_RPM, MAX_TPM
 from ..catalog import parse_duration
 from ..status.render import largest_unit
 from .ctl import client, part, say, show
@@ -25,6 +27,10 @@ PRIORITY_HELP = ("its requests' turn in a model's queue when every slot is busy:
 MODELS_HELP = ("the models it may use, comma-separated (others answer 404 as if absent); "
                "default: every model")
 EXPIRES_HELP = "how long it works, like 30d, 12h or 90m (default: until deleted)"
+RPM_HELP = "requests per minute it may send, over all its models (default: no limit)"
+TPM_HELP = ("tokens per minute (prompt + completion) its requests may use, over all its "
+            "models (default: no limit)")
+MAX_LIMIT = {"--rpm": MAX_RPM, "--tpm": MAX_TPM}
 
 
 @click.group()
@@ -37,6 +43,28 @@ def _models(value: str) -> list[str]:
     if not names:
         raise click.BadParameter("name at least one model (a,b) or use all", param_hint="--models")
     return names
+
+
+def _limit(value: str, flag: str, lift: bool = False) -> int | str:
+    """A per-minute limit: a whole number from 1 (``none`` lifts it, in ``keys set``)."""
+    text = value.strip()
+    if lift and text == "none":
+        return "none"
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= MAX_LIMIT[flag]:
+        raise click.BadParameter(f"{value!r} is not a whole number from 1 to "
+                                 f"{MAX_LIMIT[flag]:,}" + (" (or none)" if lift else ""),
+                                 param_hint=flag)
+    return number
+
+
+def limits_text(key: dict[str, Any]) -> tuple[str, str]:
+    """The RPM and TPM columns of ``keys list``: the number, or ``-`` for none."""
+    rpm, tpm = key.get("rpm"), key.get("tpm")
+    return ("-" if rpm is None else str(rpm), "-" if tpm is None else str(tpm))
 
 
 def _lifetime(value: str) -> float:
@@ -63,9 +91,11 @@ def expiry_text(key: dict[str, Any], now: float | None = None) -> str:
               help=PRIORITY_HELP)
 @click.option("--models", "models", metavar="A,B", help=MODELS_HELP)
 @click.option("--expires", metavar="DURATION", help=EXPIRES_HELP)
+@click.option("--rpm", metavar="N", help=RPM_HELP)
+@click.option("--tpm", metavar="N", help=TPM_HELP)
 @click.pass_context
 def keys_create(ctx: click.Context, name: str, priority: str, models: str | None,
-                expires: str | None) -> None:
+                expires: str | None, rpm: str | None, tpm: str | None) -> None:
     """Create API key NAME; the key is shown once."""
     body: dict[str, Any] = {"name": name}
     if priority != "normal":        # a control service older than priorities still works
@@ -74,6 +104,10 @@ def keys_create(ctx: click.Context, name: str, priority: str, models: str | None
         body["models"] = _models(models)
     if expires is not None:
         body["expires_in_s"] = _lifetime(expires)
+    if rpm is not None:
+        body["rpm"] = _limit(rpm, "--rpm")
+    if tpm is not None:
+        body["tpm"] = _limit(tpm, "--tpm")
     result = client(ctx.parent).post(  # type: ignore[arg-type]
         "/api/v1/keys", body, answer=messages.KeyCreated)
     limits = []
@@ -83,6 +117,9 @@ def keys_create(ctx: click.Context, name: str, priority: str, models: str | None
         limits.append("models " + ", ".join(result["models"]))
     if result.get("expires_at") is not None:
         limits.append("expires " + expiry_text(result))
+    for kind in ("rpm", "tpm"):
+        if result.get(kind) is not None:
+            limits.append(f"{result[kind]} {'requests' if kind == 'rpm' else 'tokens'}/min")
     say(f"API key {result['name']}" + (f" ({'; '.join(limits)})" if limits else "")
         + " (shown once; store it now):")
     say(result["key"])
@@ -92,15 +129,15 @@ def keys_create(ctx: click.Context, name: str, priority: str, models: str | None
 @output_option
 @click.pass_context
 def keys_list(ctx: click.Context, fmt: str) -> None:
-    """API keys with their priority, models, expiry and age (never the keys: only their
-    hashes are kept)."""
+    """API keys with their priority, models, expiry, limits (requests and tokens per
+    minute, - for none) and age (never the keys: only their hashes are kept)."""
     data = client(ctx.parent).get(  # type: ignore[arg-type]
         "/api/v1/keys", answer=messages.Keys)
     show(data, [(k["name"], k.get("priority", "normal"),
                  "all" if k.get("models") is None else ",".join(k["models"]),
-                 expiry_text(k), ago(k["created"]))
-                for k in data["keys"]], ("NAME", "PRIORITY", "MODELS", "EXPIRES", "CREATED"),
-         fmt)
+                 expiry_text(k), *limits_text(k), ago(k["created"]))
+                for k in data["keys"]],
+         ("NAME", "PRIORITY", "MODELS", "EXPIRES", "RPM", "TPM", "CREATED"), fmt)
 
 
 @keys.command("set")
@@ -110,11 +147,13 @@ def keys_list(ctx: click.Context, fmt: str) -> None:
               help="the models it may use, comma-separated, or all")
 @click.option("--expires", metavar="DURATION|never",
               help="how long from now it works (30d, 12h), or never")
+@click.option("--rpm", metavar="N|none", help="requests per minute, or none")
+@click.option("--tpm", metavar="N|none", help="tokens per minute, or none")
 @click.pass_context
 def keys_set(ctx: click.Context, name: str, priority: str | None, models: str | None,
-             expires: str | None) -> None:
-    """Change API key NAME's priority, models or expiry (the key itself stays); routers
-    use it from their next routes refresh."""
+             expires: str | None, rpm: str | None, tpm: str | None) -> None:
+    """Change API key NAME's priority, models, expiry or limits (the key itself stays);
+    routers use it from their next routes refresh."""
     body: dict[str, Any] = {}
     if priority is not None:
         body["priority"] = priority
@@ -122,8 +161,13 @@ def keys_set(ctx: click.Context, name: str, priority: str | None, models: str | 
         body["models"] = "all" if models.strip() == "all" else _models(models)
     if expires is not None:
         body["expires_in_s"] = "never" if expires.strip() == "never" else _lifetime(expires)
+    if rpm is not None:
+        body["rpm"] = _limit(rpm, "--rpm", lift=True)
+    if tpm is not None:
+        body["tpm"] = _limit(tpm, "--tpm", lift=True)
     if not body:
-        raise click.UsageError("say what to change: --priority, --models or --expires")
+        raise click.UsageError("say what to change: --priority, --models, --expires, --rpm "
+                               "or --tpm")
     key = client(ctx).request("PATCH", f"/api/v1/keys/{part(name)}",
                               json.dumps(body).encode(), answer=messages.KeyInfo)
     now = []
@@ -134,6 +178,9 @@ def keys_set(ctx: click.Context, name: str, priority: str | None, models: str | 
                                 else ", ".join(key["models"])))
     if expires is not None:
         now.append("expires " + expiry_text(key))
+    for kind, given in (("rpm", rpm), ("tpm", tpm)):
+        if given is not None:
+            now.append(f"{kind} " + ("none" if key.get(kind) is None else str(key[kind])))
     say(f"API key {name}: {'; '.join(now)}; routers use it from their next routes refresh")
 
 

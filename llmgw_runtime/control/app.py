@@ -12,7 +12,16 @@ from ..api.openapi import control_document
 from ..errors import StoreError
 from ..store import Store, repo
 from ..store.members import StoreHealth
-from . import admin_api, agent_api, console, keys_api, metrics, routes_api, status_api
+from . import (
+    admin_api,
+    agent_api,
+    console,
+    keys_api,
+    metrics,
+    routes_api,
+    status_api,
+    usage_api,
+)
 from .config import ControlConfig
 from .reconcile import LEASE
 from .web import install_error_handlers, store
@@ -52,7 +61,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     install_error_handlers(app)
     agent_api.install(app)
     for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, keys_api.bp, status_api.bp,
-               console.bp):
+               usage_api.bp, console.bp):
         app.register_blueprint(bp)
     metrics.install(app, app.extensions["llmgw.store"], config)
     return app

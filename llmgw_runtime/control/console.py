@@ -29,7 +29,7 @@ from ..status.summary import at_capacity, device_label, location, node_alive
 from ..status.telling import telling_line
 from ..store import repo
 from . import console_auth as auth
-from . import fleet, throttle
+from . import fleet, throttle, usage
 from .web import clock, fleet_settings, now_of, store, store_health
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ def page(template: str, title: str, status: int = 200, refresh: bool = True,
          **context: Any) -> Response:
     """A console page; read pages reload themselves every ``console_refresh_s``."""
     interval = current_app.config["LLMGW"].console_refresh_s if refresh else 0
-    keep = {k: v for k, v in request.args.items() if k in ("page", "q", "limit")}
+    keep = {k: v for k, v in request.args.items()
+            if k in ("page", "q", "limit", "since", "by")}
     refresh_url = request.path + ("?" + urlencode(keep) if keep else "")
     html = render_template(template, title=title, refresh=int(interval) if interval > 0
                            else 0, refresh_url=refresh_url, user=g.get("console_user"),
@@ -260,3 +261,22 @@ def events() -> Any:
     with store().begin() as conn:
         items = repo.list_events(conn, limit)
     return page("events.html", "Events", events=items, limit=limit)
+
+
+@bp.get("/console/usage")
+@auth.login_required
+def usage_page() -> Any:
+    """Tokens per API key and model over a period (``?since=24h``), as ``ctl usage``."""
+    period = request.args.get("since", usage.DEFAULT_SINCE)
+    if period not in usage.PERIODS:
+        period = usage.DEFAULT_SINCE
+    with store().begin() as conn:
+        data = usage.usage_view(conn, now_of(conn), usage.since_s(period), "key,model")
+    keys: dict[str, dict[str, int]] = {}
+    for row in data["rows"]:
+        total = keys.setdefault(row["key"], {"requests": 0, "prompt_tokens": 0,
+                                             "completion_tokens": 0})
+        for field in total:
+            total[field] += row[field]
+    return page("usage.html", "Usage", usage=data, keys=keys, period=period,
+                periods=usage.PERIODS)

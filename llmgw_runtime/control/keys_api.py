@@ -3,8 +3,9 @@ token on every route. A key is shown once, at creation; the store keeps its SHA-
 
 What a key may do is set here and carried to the routers in the routes table
 (routes_api.py): its priority in a model's queue, the models it may use (a scope: other
-models answer 404 as if absent) and when it expires (refused from then on). Times are the
-store's clock, so a control host's wall clock never decides an expiry.
+models answer 404 as if absent), when it expires (refused from then on) and its limits,
+requests and tokens per minute (refused with a 429 beyond them). Times are the store's
+clock, so a control host's wall clock never decides an expiry.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..api.parse import parse_json
 from ..errors import ConflictError, NotFoundError, ValidationError
 from ..security import hash_token, new_token
 from ..status.render import largest_unit
-from ..store import repo
+from ..store import accounts, repo
 from .web import by_whom, json_body, now_of, require, store
 
 bp = Blueprint("keys", __name__, url_prefix="/api/v1")
@@ -37,19 +38,26 @@ def _priority(value: Any) -> str:
 def key_info(row: Any, now: float) -> dict[str, Any]:
     """A key as ``GET /api/v1/keys`` lists it (``api.admin.KeyInfo``)."""
     expires_at = row.expires_at
+    rpm, tpm = accounts.key_limits(row)
     return {"name": row.name.removeprefix("key:"), "created": row.created,
             "priority": row.priority, "models": repo.key_models(row),
             "expires_at": expires_at,
-            "expired": expires_at is not None and expires_at <= now}
+            "expired": expires_at is not None and expires_at <= now,
+            "rpm": rpm, "tpm": tpm}
 
 
-def describe(models: list[str] | None, expires_at: float | None, now: float) -> str:
-    """What a key may do, for its event: "for models a, b, expiring in 30 d"."""
+def describe(models: list[str] | None, expires_at: float | None, now: float,
+             rpm: int | None = None, tpm: int | None = None) -> str:
+    """What a key may do, for its event: "for models a, b, expiring in 30 d, at most 60
+    requests and 10000 tokens per minute"."""
     parts = []
     if models is not None:
         parts.append("for model" + ("" if len(models) == 1 else "s") + " " + ", ".join(models))
     if expires_at is not None:
         parts.append(f"expiring in {largest_unit(expires_at - now)}")
+    limits = [f"{n} {what}" for n, what in ((rpm, "requests"), (tpm, "tokens")) if n]
+    if limits:
+        parts.append("at most " + " and ".join(limits) + " per minute")
     return ", ".join(parts)
 
 
@@ -72,12 +80,16 @@ def create_key() -> Any:
         models = None if spec.models is None else sorted(set(spec.models))
         repo.put_account(conn, account, "api_key", hash_token(key), now,
                          priority=spec.priority, models=models, expires_at=expires_at)
-        what = describe(models, expires_at, now)
+        if spec.rpm is not None or spec.tpm is not None:
+            made = repo.account_by_hash(conn, hash_token(key))
+            assert made is not None        # just made, in this transaction
+            accounts.set_key_limits(conn, made.id, rpm=spec.rpm, tpm=spec.tpm)
+        what = describe(models, expires_at, now, spec.rpm, spec.tpm)
         repo.add_event(conn, now, "key", name, "API key created"
                        + ("" if spec.priority == "normal" else f" with {spec.priority} priority")
                        + (f" {what}" if what else ""))
     return jsonify({"name": name, "key": key, "priority": spec.priority, "models": models,
-                    "expires_at": expires_at}), 201
+                    "expires_at": expires_at, "rpm": spec.rpm, "tpm": spec.tpm}), 201
 
 
 @bp.get("/keys")
@@ -92,18 +104,23 @@ def list_keys() -> Any:
 @bp.patch("/keys/<path:name>")
 @require("admin")
 def update_key(name: str) -> Any:
-    """Change API key ``name``'s priority, scope or expiry; routers use it from their next
-    routes refresh. The key itself does not change."""
+    """Change API key ``name``'s priority, scope, expiry or limits; routers use it from
+    their next routes refresh. The key itself does not change."""
     body = json_body()
     if "priority" in body:
         _priority(body["priority"])                         # the clear message first
     change = parse_json(KeyUpdate, request.get_data(cache=True), what="key update")
-    if change.priority is None and change.models is None and change.expires_in_s is None:
-        raise ValidationError("nothing to change: give priority, models (a list, or \"all\") "
-                              "or expires_in_s (seconds, or \"never\")")
+    if (change.priority is None and change.models is None and change.expires_in_s is None
+            and change.rpm is None and change.tpm is None):
+        raise ValidationError("nothing to change: give priority, models (a list, or \"all\"), "
+                              "expires_in_s (seconds, or \"never\"), rpm or tpm (a number "
+                              "per minute, or \"none\")")
     fields: dict[str, Any] = {}
     if change.models is not None:
         fields["models"] = None if change.models == "all" else sorted(set(change.models))
+    limits = {kind: None if value == "none" else value
+              for kind, value in (("rpm", change.rpm), ("tpm", change.tpm))
+              if value is not None}
     with store().begin() as conn:
         now = now_of(conn)
         if change.expires_in_s is not None:
@@ -114,16 +131,25 @@ def update_key(name: str) -> Any:
         if row is None:
             raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
                                 "list`")
-        for line in _changes(row, change.priority, fields, now):
+        accounts.set_key_limits(conn, row.id, **limits)
+        for line in _changes(row, change.priority, {**fields, **limits}, now):
             repo.add_event(conn, now, "key", name, f"{line} by {by_whom()}")
         updated = repo.account_by_hash(conn, row.token_hash)
     return jsonify(key_info(updated, now))
+
+
+_LIMIT_WORDS = {"rpm": "requests per minute", "tpm": "tokens per minute"}
 
 
 def _changes(row: Any, priority: str | None, fields: dict[str, Any], now: float
              ) -> list[str]:
     """One event line per thing that changed."""
     lines = []
+    for kind, was in zip(("rpm", "tpm"), accounts.key_limits(row), strict=True):
+        if kind in fields and fields[kind] != was:
+            lines.append(f"API key limit {_LIMIT_WORDS[kind]} "
+                         f"{'none' if was is None else was} -> "
+                         f"{'none' if fields[kind] is None else fields[kind]}")
     if priority is not None and priority != row.priority:
         lines.append(f"API key priority {row.priority} -> {priority}")
     if "models" in fields and fields["models"] != repo.key_models(row):

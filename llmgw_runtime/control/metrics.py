@@ -36,6 +36,7 @@ from . import autoscale_metrics
 from .config import ControlConfig, instance_of_holder
 from .reconcile import LEASE
 from .states import model_state, wanted_replicas
+from .usage_metrics import UsageCollector
 
 log = logging.getLogger(__name__)
 
@@ -268,16 +269,18 @@ def _escape(value: str) -> str:
 
 
 def render(registry: CollectorRegistry) -> bytes:
-    """The text format (0.0.4) of ``registry``'s gauges. ``generate_latest`` formats every
-    sample's labels anew (about half a second for 2,000 nodes x 8 devices); here a label
+    """The text format (0.0.4) of ``registry``'s gauges and counters. ``generate_latest``
+    formats every sample's labels anew (about half a second for 2,000 nodes x 8 devices); here a label
     set shared by several samples is formatted once."""
     out: list[str] = []
     label_text: dict[int, tuple[dict[str, str], str]] = {}   # keeps each dict alive
     for family in registry.collect():
-        if family.type != "gauge":
-            raise TypeError(f"render() writes gauges only, not {family.type} {family.name}")
+        if family.type not in ("gauge", "counter"):
+            raise TypeError(f"render() writes gauges and counters only, not {family.type} "
+                            f"{family.name}")
         help_text = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
-        out.append(f"# HELP {family.name} {help_text}\n# TYPE {family.name} gauge\n")
+        name = family.name + ("_total" if family.type == "counter" else "")
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n")
         for sample in family.samples:
             cached = label_text.get(id(sample.labels))
             if cached is None:
@@ -295,6 +298,7 @@ def install(app: Flask, store: Store, config: ControlConfig) -> CollectorRegistr
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ControlCollector(store, config,
                                        store_health=app.extensions.get("llmgw.store_health")))
+    registry.register(UsageCollector(store))
     app.extensions["llmgw.metrics"] = registry
     app.register_blueprint(bp)
     return registry

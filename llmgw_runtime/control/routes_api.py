@@ -72,7 +72,10 @@ def routes() -> Any:
                     "key_models": {k.token_hash: repo.key_models(k) for k in keys
                                    if k.models is not None},
                     "key_expires_in_s": {k.token_hash: k.expires_at - now for k in keys
-                                         if k.expires_at is not None}})
+                                         if k.expires_at is not None},
+                    "key_limits": {k.token_hash: {"name": k.name.removeprefix("key:"),
+                                                  "rpm": k.rpm, "tpm": k.tpm}
+                                   for k in keys if k.rpm is not None or k.tpm is not None}})
 
 
 @bp.post("/idle")

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -341,6 +342,11 @@ class Gate:
                                     for rid, other in zip(rids, others, strict=True)}, now)
                 core.expire(now)
                 self._sync(core, model, rids)
+
+    def locked(self) -> AbstractContextManager[Any]:
+        """The slot counts' lock, shared by the router's workers: the router's other shared
+        tables (homes.py, limits.py) are read and written under it too."""
+        return self._counts.locked()
 
     def forget_except(self, replica_ids: set[str]) -> None:
         """The routes table changed: columns of replicas that left it may be reused."""

@@ -20,6 +20,7 @@ from ..api.states import ModelState
 from ..control.throttle import ROUTER, Throttle, retry_after
 from ..security import bearer, hash_token
 from ..settings import load
+from . import limits
 from .admit import Gate, Lease, client_gone
 from .affinity import prefix_key
 from .balancer import Balancer, Endpoint
@@ -27,6 +28,7 @@ from .body import _too_large
 from .config import RouterConfig
 from .errors import (
     InvalidApiKey,
+    KeyRateLimited,
     ModelFailing,
     ModelNotFound,
     ModelNotReady,
@@ -40,10 +42,19 @@ from .errors import (
     UpstreamError,
     error_body,
 )
+from .limits import Limiter, estimate_tokens
 from .metrics import CONTENT_TYPE, MetricsMiddleware, RouterMetrics
 from .openapi import openapi_document
 from .proxy import Admit, Answered, Upstreams, upstream_headers
-from .routes import ControlClient, ModelRoute, RoutesCache, RoutesTable
+from .routes import (
+    ControlClient,
+    ControlError,
+    ControlRefused,
+    ModelRoute,
+    RoutesCache,
+    RoutesTable,
+)
+from .usage import METER, Meter, UsageBook, UsageReporter
 from .wsgi import KEY_ID, MAX_MODEL_NAME, ProxiedRoutes, retry_after_s
 
 log = logging.getLogger(__name__)
@@ -63,9 +74,17 @@ class RouterState:
         self.metrics.slots_in_use_source = self._slots_in_use
         self.control = ControlClient(config.control_url, config.router_token,
                                      ca_file=config.ca_file)
+        # Per-key limits (shared by the router's workers) and usage (this worker's, posted
+        # once a tick): limits.py, usage.py.
+        self.limiter = Limiter(limits.for_this_process(), config.slot_share_parts,
+                               self.gate.locked)
+        self.usage = UsageBook()
+        self.usage_reporter = UsageReporter(self.usage, self.control.post_usage,
+                                            retry=(ControlError,), refused=(ControlRefused,))
         self.routes = RoutesCache(self.control, config.refresh_interval_s,
                                   self.balancer.last_used, on_table=self._on_table,
-                                  capacity=self.gate.capacity)
+                                  capacity=self.gate.capacity,
+                                  on_tick=self.usage_reporter.post)
         self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s,
                                    on_unreachable=self.routes.report_unreachable)
         self._activated: dict[str, tuple[float, dict[str, Any]]] = {}
@@ -134,6 +153,34 @@ class RouterState:
             raise InvalidApiKey("this API key has expired: ask the operator for a new one "
                                 "(`llmgw ctl keys create NAME`) or a later expiry "
                                 "(`llmgw ctl keys set NAME --expires 30d`)")
+
+    def meter(self, environ: dict[str, Any], table: RoutesTable, doc: dict[str, Any],
+              body_bytes: int) -> Meter:
+        """The request's usage meter, once its key's limits let it through: a key with a
+        limit takes one request and its estimated tokens of this router's share now, or
+        the request is refused (429 rate_limit_exceeded, Retry-After)."""
+        key_id = environ.get(KEY_ID) or "-"
+        limit = table.key_limits.get(key_id)
+        if limit is None:
+            meter = Meter(key_id, self.usage)
+        else:
+            estimate = estimate_tokens(doc, body_bytes) if limit.tpm is not None else 0
+            verdict = self.limiter.check(key_id, limit, estimate)
+            if not verdict.allowed:
+                kind = verdict.refused or "requests"
+                per_minute = limit.rpm if kind == "requests" else limit.tpm
+                routers = self.config.slot_share_parts[1]
+                flag = "--rpm" if kind == "requests" else "--tpm"
+                raise KeyRateLimited(
+                    f"API key '{limit.name}' is over its limit of {per_minute} {kind} per "
+                    "minute" + (f" (this router lets through its share, 1/{routers}, as "
+                                f"each of the {routers} routers does)" if routers > 1 else "")
+                    + f"; retry after {retry_after(verdict.retry_after_s)} s, or ask the "
+                    f"operator for a higher limit (`llmgw ctl keys set {limit.name} {flag} "
+                    "N`)", kind=kind, retry_after_s=verdict.retry_after_s)
+            meter = Meter(key_id, self.usage, self.limiter, limit, estimate)
+        environ[METER] = meter
+        return meter
 
     def _activate(self, model: str) -> dict[str, Any]:
         """Ask control to start ``model``; concurrent requests share one call a second."""
@@ -221,14 +268,18 @@ class RouterState:
         answering 502 at once."""
         headers = upstream_headers(environ)
         admit = self._admitter(environ, model, doc, table)
+        meter: Meter | None = environ.get(METER)
+        if meter is not None:     # a completion stream asks the engine for its usage
+            body = meter.prepare(path, doc, body)
         try:
-            return self.upstreams.forward(model, route.endpoints, path, body, headers,
-                                          admit(route))
+            answer = self.upstreams.forward(model, route.endpoints, path, body, headers,
+                                            admit(route))
         except ReplicasUnreachable:
             table = self.routes.refresh(max_age_s=0.1) or self.current_table()
             route = self.resolve(model, table)
-        return self.upstreams.forward(model, route.endpoints, path, body, headers,
-                                      admit(route))
+            answer = self.upstreams.forward(model, route.endpoints, path, body, headers,
+                                            admit(route))
+        return answer if meter is None else meter.observe(answer, model, path)
 
     def _admitter(self, environ: dict[str, Any], model: str, doc: dict[str, Any],
                   table: RoutesTable) -> Callable[[ModelRoute], Admit]:

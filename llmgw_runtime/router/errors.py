@@ -122,6 +122,19 @@ class ModelAtCapacity(RouterError):
         self.retry_after_s = retry_after_s
 
 
+class KeyRateLimited(RouterError):
+    """An API key over its requests or tokens per minute (docs/keys.md): OpenAI's 429
+    (``type`` "requests" or "tokens", as OpenAI names the limit), with ``retry_after_s``
+    (the Retry-After header: when the key has room for one request again)."""
+
+    status, code = 429, "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, kind: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.type = kind
+        self.retry_after_s = retry_after_s
+
+
 class ClientGone(RouterError):
     """The client closed its connection while its request waited for a slot: nobody reads
     this answer (499, nginx's "client closed request"), it only ends the request."""

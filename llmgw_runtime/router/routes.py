@@ -4,8 +4,8 @@ A per-worker :class:`RoutesCache` polls ``GET /api/v1/routes`` every tick from a
 thread (a greenlet under gevent), started lazily on the first request so that it lives in
 the worker, after gevent has patched. It keeps the last good table while control is
 unreachable and, once a tick, posts the replicas this worker could not connect to and the
-idle map, with the models found at capacity (admission; requests never wait on those
-posts).
+idle map, with the models found at capacity (admission), then runs ``on_tick`` (the usage
+report, usage.py); requests never wait on those posts.
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ from ..api.router import (
     Unreachable,
 )
 from ..api.transport import RemoteError, Transport
+from ..api.usage import UsageAck, UsageReport
 from ..errors import LlmgwError
 from .balancer import Endpoint
+from .limits import KeyLimit
 from .slots import FILE_ENV, stable_hash
 
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -80,6 +82,7 @@ class RoutesTable:
     key_models: dict[str, frozenset[str]] = field(default_factory=dict)  # hash -> its scope
     key_expiry: dict[str, float] = field(default_factory=dict)  # hash -> time.monotonic()
     aliases: dict[str, str] = field(default_factory=dict)   # alias -> model name
+    key_limits: dict[str, KeyLimit] = field(default_factory=dict)  # hash -> rpm, tpm
 
     def canonical(self, name: str) -> str:
         """The model a client's ``model`` names: itself, or the model it is an alias of."""
@@ -128,11 +131,17 @@ def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> Ro
     return RoutesTable(models, hashes, now, first_seen, dict(doc.key_priorities),
                        {h: frozenset(names) for h, names in doc.key_models.items()},
                        {h: mono + left for h, left in doc.key_expires_in_s.items()},
-                       aliases)
+                       aliases,
+                       key_limits={h: KeyLimit(lim.name, lim.rpm, lim.tpm)
+                                   for h, lim in doc.key_limits.items()})
 
 
 class ControlError(Exception):
     """Control could not be reached or answered badly; the message says how."""
+
+
+class ControlRefused(ControlError):
+    """Control refused the message itself (400): sending it again would not help."""
 
 
 class ControlClient:
@@ -174,6 +183,18 @@ class ControlClient:
             raise ControlError(f"unreachable replica not accepted: {str(exc)[:300]}"
                                ) from None
 
+    def post_usage(self, report: UsageReport) -> bool:
+        """Post a usage report; whether it was applied now (False: it was before)."""
+        try:
+            return self._transport.call("POST", "/api/v1/usage", report,
+                                        answer=UsageAck).applied
+        except RemoteError as exc:
+            kind = ControlRefused if exc.status == 400 else ControlError
+            raise kind(f"control service answered POST /api/v1/usage with HTTP "
+                       f"{exc.status}: {exc.message[:300]}") from None
+        except LlmgwError as exc:
+            raise ControlError(f"usage report not delivered: {str(exc)[:300]}") from None
+
     def post_idle(self, replicas: dict[str, float],
                   capacity: dict[str, ModelCapacity] | None = None) -> None:
         try:
@@ -191,8 +212,10 @@ class RoutesCache:
                  idle_map: Callable[[], dict[str, float]],
                  on_table: Callable[[RoutesTable], None] | None = None,
                  clock: Callable[[], float] = time.time,
-                 capacity: Callable[[], dict[str, ModelCapacity]] | None = None) -> None:
+                 capacity: Callable[[], dict[str, ModelCapacity]] | None = None,
+                 on_tick: Callable[[], Any] | None = None) -> None:
         self._client = client
+        self._on_tick = on_tick
         self._capacity = capacity
         self._interval = interval_s
         self._idle_map = idle_map
@@ -300,7 +323,8 @@ class RoutesCache:
     def tick(self) -> None:
         """One cycle: post the replicas this worker could not reach (so that the table
         fetched next leaves them out), refresh the table, then post the idle map, with
-        the models found at capacity since the last post (admission)."""
+        the models found at capacity since the last post (admission), and run
+        ``on_tick`` (the usage report)."""
         self._post_unreachable()
         self.refresh()
         now = self._clock()
@@ -314,6 +338,8 @@ class RoutesCache:
                     self._client.post_idle(idle)
             except ControlError as exc:
                 log.debug("idle map not posted: %s", exc)
+        if self._on_tick is not None:
+            self._on_tick()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -13,7 +13,11 @@ prometheus_client: nothing on the way here does), so every worker's counters lan
 
 Slots: :func:`run` also makes the shared in-flight counts file (``slots.py``) before any
 worker forks; ``pre_fork`` gives each worker a stable row (the lowest free index),
-``post_fork`` passes it to the worker, ``child_exit`` zeroes a dead worker's row.
+``post_fork`` passes it to the worker, ``child_exit`` zeroes a dead worker's row. The
+per-key limits' table (``limits.py``) is made next to it.
+
+Usage: a worker that exits posts the usage it has not reported yet (``worker_exit``), so
+a graceful restart loses none.
 
 Connections: each worker is :class:`.worker.RouterWorker`, gunicorn's gevent worker with
 a lean HTTP/1.1 loop of its own (strict parsing, an answer's head and body in one send; a
@@ -32,7 +36,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from .. import tls
-from . import homes, slots
+from . import homes, limits, slots
 from .config import RouterConfig
 
 GRACEFUL_TIMEOUT_S = 30
@@ -96,6 +100,14 @@ def _post_fork(server: Any, worker: Any) -> None:
             "workers' (too many workers for the slots file)", os.getpid())
 
 
+def _worker_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook, in the worker as it exits: post the usage not reported yet."""
+    app = getattr(worker, "wsgi", None)
+    state = getattr(app, "extensions", {}).get("llmgw_router")
+    if state is not None:
+        state.usage_reporter.flush()
+
+
 class _RouterApplication(BaseApplication):  # type: ignore[misc]
     def __init__(self, config: RouterConfig) -> None:
         self._config = config
@@ -108,6 +120,7 @@ class _RouterApplication(BaseApplication):  # type: ignore[misc]
         self.cfg.set("child_exit", _child_exit)
         self.cfg.set("pre_fork", _pre_fork)
         self.cfg.set("post_fork", _post_fork)
+        self.cfg.set("worker_exit", _worker_exit)
 
     def load(self) -> Any:
         from .app import create_app  # imported in the worker, after gevent patched
@@ -128,6 +141,7 @@ def run(config: RouterConfig) -> None:
     slots_dir = tempfile.mkdtemp(prefix="llmgw-router-slots-")
     os.environ[slots.FILE_ENV] = slots.create_file(slots_dir, config.workers)
     os.environ[homes.FILE_ENV] = homes.create_file(slots_dir)
+    os.environ[limits.FILE_ENV] = limits.create_file(slots_dir)
     try:
         _RouterApplication(config).run()
     finally:

@@ -25,6 +25,7 @@ from .body import _too_large, content_length, read_body
 from .errors import (
     InvalidJson,
     InvalidRequest,
+    KeyRateLimited,
     ModelAtCapacity,
     ModelFailing,
     ModelNotFound,
@@ -45,6 +46,7 @@ from .metrics import (
     WSGIApp,
 )
 from .proxy import Answered
+from .usage import METER
 
 if TYPE_CHECKING:
     from .app import RouterState
@@ -67,7 +69,7 @@ def status_line(status: int) -> str:
 
 def retry_after_s(exc: RouterError) -> float | None:
     """The Retry-After an error is answered with, if any."""
-    if isinstance(exc, ModelFailing | ModelAtCapacity | TooManyFailedKeys):
+    if isinstance(exc, ModelFailing | ModelAtCapacity | TooManyFailedKeys | KeyRateLimited):
         return exc.retry_after_s
     return None
 
@@ -116,6 +118,9 @@ class ProxiedRoutes:
                 answer = error_answer(environ, RouterError(
                     "the router failed on this request (its log says why); retry it, and "
                     "tell the operator if it keeps failing"))
+            meter = environ.get(METER)
+            if meter is not None:    # its key's tokens settled now, or when its stream ends
+                meter.done(answer.body)
         elif method == "OPTIONS":
             answer = Answered(200, [("Allow", _ALLOW), ("Content-Length", "0")], [b""])
         else:
@@ -164,6 +169,7 @@ class ProxiedRoutes:
             raise ModelNotFound(f"model '{asked}' is not in the catalog; GET /v1/models lists "
                                 "the models this router serves", param="model")
         state.metrics.model_named(environ, model if model in table.models else UNKNOWN_MODEL)
+        state.meter(environ, table, doc, len(body))      # the key's limits; its usage
         try:
             route = state.resolve(model, table)
             return _served(state.forward(environ, model, route, path, body, doc, table),

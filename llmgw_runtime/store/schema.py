@@ -149,6 +149,42 @@ accounts = Table(
     # stops working (store clock; NULL: never)
     Column("models", Text, nullable=True),
     Column("expires_at", Float, nullable=True),
+    # revision 0013: an API key's limits, requests and tokens per minute (NULL: none)
+    Column("rpm", Integer, nullable=True),
+    Column("tpm", BigInteger, nullable=True),
+)
+
+# Usage (revision 0013, store/usage.py): tokens per API key and model, as routers report
+# them, summed per hour of the store's clock (``bucket``: the hour's start, Unix seconds).
+# ``key`` is the key's name when the report arrived ("-": no key; "(deleted)").
+usage = Table(
+    "usage", metadata,
+    Column("bucket", Float, primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("model", String(200), primary_key=True),
+    Column("requests", BigInteger, nullable=False, default=0),
+    Column("prompt_tokens", BigInteger, nullable=False, default=0),
+    Column("completion_tokens", BigInteger, nullable=False, default=0),
+)
+
+# The same since the store began, never pruned: the control service's /metrics counters.
+usage_totals = Table(
+    "usage_totals", metadata,
+    Column("key", String(200), primary_key=True),
+    Column("model", String(200), primary_key=True),
+    Column("requests", BigInteger, nullable=False, default=0),
+    Column("prompt_tokens", BigInteger, nullable=False, default=0),
+    Column("completion_tokens", BigInteger, nullable=False, default=0),
+)
+
+# The last usage report applied per reporter (a router worker process): a report whose
+# ``seq`` is not above it is a retry, not applied again.
+usage_reporters = Table(
+    "usage_reporters", metadata,
+    Column("reporter", String(100), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("updated", Float, nullable=False),
+    Index("ix_usage_reporters_updated", "updated"),
 )
 
 leases = Table(

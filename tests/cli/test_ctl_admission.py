@@ -20,7 +20,8 @@ def test_ctl_keys_create_list_and_set_priority(control: str) -> None:  # noqa: F
     assert ctl(control, "keys", "create", "app")[0] == 0
     code, out = ctl(control, "keys", "list")
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}
-    assert out.splitlines()[0].split() == ["NAME", "PRIORITY", "MODELS", "EXPIRES", "CREATED"]
+    assert out.splitlines()[0].split() == ["NAME", "PRIORITY", "MODELS", "EXPIRES", "RPM", "TPM",
+                                         "CREATED"]
     assert rows == {"app": "normal", "vip": "high"}
     code, out = ctl(control, "keys", "set", "app", "--priority", "low")
     assert code == 0 and "API key app: priority low" in out

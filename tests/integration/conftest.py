@@ -71,13 +71,14 @@ class Cluster:
                    proc.proc.poll() is not None, 30, "the control service")
         assert proc.proc.poll() is None, proc.tail()
 
-    def start_router(self, require_api_key: bool = False) -> None:
+    def start_router(self, require_api_key: bool = False, workers: int = 1,
+                     env: dict[str, str] | None = None) -> None:
         proc = self._start("router", [
             "router", "--control-url", self.control_url, "--host", "127.0.0.1",
-            "--port", str(self.router_port), "--workers", "1",
+            "--port", str(self.router_port), "--workers", str(workers),
             "--require-api-key" if require_api_key else "--no-require-api-key",
         ], {"LLMGW_ROUTER_TOKEN": self.router_token, "LLMGW_REFRESH_INTERVAL_S": "0.3",
-            **self._tls("router")})
+            **self._tls("router"), **(env or {})})
         wait_until(lambda: http_ok(self.router_url + "/healthz", self.ca_file) or
                    proc.proc.poll() is not None, 30, "the router")
         assert proc.proc.poll() is None, proc.tail()

@@ -1,0 +1,72 @@
+"""Usage: the tokens routers count per API key and model, reported to the control service
+(``POST /api/v1/usage``), and the admin API's view of what is stored (``GET /api/v1/usage``).
+
+A report is applied at most once: each router worker names itself (``reporter``, new for
+every worker process) and numbers its reports (``seq``, from 1); the control service
+applies a report only when its number is above the last one it applied for that reporter
+and answers ``applied: false`` otherwise, so a report retried after a lost answer is not
+counted twice (docs/keys.md, "Usage")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StrictStr
+
+from .fields import ID_RE, MAX_INT, Answer, Bool, Count, Finite, Message, Name
+
+MAX_USAGE_ENTRIES = 10_000     # (key, model) pairs in one report
+NO_KEY = "-"                   # requests to a router that does not require API keys
+MAX_REPORTER = 100
+# A key's SHA-256 (the routers know only hashes), or "-" for requests without a key.
+KeyRef = Annotated[StrictStr, Field(pattern=r"^([0-9a-f]{64}|-)$")]
+Reporter = Annotated[StrictStr, Field(min_length=1, max_length=MAX_REPORTER, pattern=ID_RE)]
+Seq = Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]
+
+
+class UsageEntry(Message):
+    """What one key used of one model since the reporter's previous report: requests the
+    engine answered (2xx), and the prompt and completion tokens of their usage objects."""
+
+    key: KeyRef
+    model: Name
+    requests: Count
+    prompt_tokens: Count
+    completion_tokens: Count
+
+
+class UsageReport(Message):
+    reporter: Reporter
+    seq: Seq
+    entries: list[UsageEntry] = Field(min_length=1, max_length=MAX_USAGE_ENTRIES)
+
+
+class UsageAck(Answer):
+    """``applied``: false when this reporter's report ``seq`` (or a later one) was applied
+    before: a retry, counted once."""
+
+    applied: Bool
+
+
+UsageBy = Literal["key", "model", "key,model"]
+
+
+class UsageRow(Answer):
+    """One key's (or model's, or key and model's) usage. ``key`` is the key's name, ``-``
+    for requests without a key, ``(deleted)`` for a key deleted before its router reported."""
+
+    key: str | None = None
+    model: str | None = None
+    requests: Count
+    prompt_tokens: Count
+    completion_tokens: Count
+
+
+class UsageList(Answer):
+    """Usage from ``since`` (the start of the hour the asked period began in, store clock)
+    until ``until`` (now), summed ``by`` key, model or both."""
+
+    since: Finite
+    until: Finite
+    by: UsageBy
+    rows: list[UsageRow]

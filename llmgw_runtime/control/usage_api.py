@@ -1,0 +1,33 @@
+"""Usage API: routers report what each API key used of each model (``POST /api/v1/usage``,
+router token: applied once per reporter and sequence number, control/usage.py), admins
+read it back (``GET /api/v1/usage?since=24h&by=key``: ``llmgw ctl usage``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, jsonify, request
+
+from ..api.parse import parse_json
+from ..api.usage import UsageReport
+from .usage import apply_report, by_of, since_s, usage_view
+from .web import now_of, require, store
+
+bp = Blueprint("usage", __name__, url_prefix="/api/v1")
+
+
+@bp.post("/usage")
+@require("router")
+def report() -> Any:
+    body = parse_json(UsageReport, request.get_data(cache=True), what="usage report")
+    # Idempotent (a report applied once, by its seq): retried through a store failover.
+    applied = store().write(lambda conn: apply_report(conn, body, now_of(conn)))
+    return jsonify({"applied": applied})
+
+
+@bp.get("/usage")
+@require("admin")
+def read() -> Any:
+    since, by = since_s(request.args.get("since")), by_of(request.args.get("by"))
+    with store().begin() as conn:
+        return jsonify(usage_view(conn, now_of(conn), since, by))

@@ -1,0 +1,53 @@
+"""The usage tables (store/usage.py), on SQLite and PostgreSQL: hourly rows and totals add
+up, a reporter's report is claimed once, old rows and silent reporters are forgotten while
+the totals stay."""
+
+from __future__ import annotations
+
+from llmgw_runtime.store import Store, usage
+from llmgw_runtime.store.usage import HOUR_S, REPORTER_TTL_S, RETENTION_S, Used
+
+NOW = 1_800_000_000.0
+
+
+def test_rows_of_one_hour_add_up_and_the_totals_span_every_hour(store: Store) -> None:
+    with store.begin() as conn:
+        usage.add_usage(conn, usage.bucket_of(NOW), [Used("a", "m", 1, 10, 2),
+                                                     Used("a", "m", 2, 20, 4),
+                                                     Used("b", "m", 1, 1, 1)])
+        usage.add_usage(conn, usage.bucket_of(NOW - HOUR_S), [Used("a", "m", 5, 50, 10)])
+        hour = usage.usage_since(conn, NOW, "key,model")
+        both = usage.usage_since(conn, NOW - HOUR_S, "key")
+        totals = usage.totals(conn)
+    assert hour == [{"key": "a", "model": "m", "requests": 3, "prompt_tokens": 30,
+                     "completion_tokens": 6},
+                    {"key": "b", "model": "m", "requests": 1, "prompt_tokens": 1,
+                     "completion_tokens": 1}]
+    assert both[0] == {"key": "a", "requests": 8, "prompt_tokens": 80, "completion_tokens": 16}
+    assert totals == [Used("a", "m", 8, 80, 16), Used("b", "m", 1, 1, 1)]
+
+
+def test_a_report_is_claimed_once_per_reporter_and_seq(store: Store) -> None:
+    with store.begin() as conn:
+        assert usage.claim_report(conn, "r1", 1, NOW)
+        assert not usage.claim_report(conn, "r1", 1, NOW)
+        assert usage.claim_report(conn, "r1", 3, NOW)       # a gap: reports were lost
+        assert not usage.claim_report(conn, "r1", 2, NOW)
+        assert usage.claim_report(conn, "r2", 1, NOW)
+
+
+def test_old_hours_and_silent_reporters_are_forgotten_and_the_totals_stay(
+        store: Store) -> None:
+    with store.begin() as conn:
+        usage.add_usage(conn, usage.bucket_of(NOW - RETENTION_S - 2 * HOUR_S),
+                        [Used("a", "m", 1, 1, 1)])
+        usage.add_usage(conn, usage.bucket_of(NOW), [Used("a", "m", 1, 1, 1)])
+        usage.claim_report(conn, "old", 7, NOW - REPORTER_TTL_S - 1)
+        usage.claim_report(conn, "new", 7, NOW)
+        usage.prune(conn, NOW)
+        rows = usage.usage_since(conn, 0.0, "key")
+        totals = usage.totals(conn)
+        assert usage.claim_report(conn, "old", 1, NOW)     # forgotten: numbering anew
+        assert not usage.claim_report(conn, "new", 7, NOW)
+    assert rows == [{"key": "a", "requests": 1, "prompt_tokens": 1, "completion_tokens": 1}]
+    assert totals == [Used("a", "m", 2, 2, 2)]
