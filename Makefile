@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.llmgw-installed
 
 .PHONY: up runtime-deps test test-fast lint typecheck pytest bench bench-affinity system-deps clean \
-        ansible-deps lint-ansible molecule alerts
+        ansible-deps lint-ansible molecule alerts llama-cpp
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,13 +46,26 @@ system-deps:
 	  else echo "missing Debian packages:$$missing (apt-get install them as root)"; exit 1; fi; \
 	fi
 
+# llama.cpp's llama-server and RPC worker (ggml-rpc-server), CPU, GGML_RPC=ON, built from the
+# pinned llama-cpp-python sdist on PyPI (scripts/llama-cpp.pin, sha256 checked) into
+# ~/.cache/llmgw/llama.cpp/<version>-<flags hash>/bin: about 13 minutes on 2 cores, once per
+# machine; later runs reuse it at once. The tests of the real llama-server path, the
+# multi-node replica and the engines Molecule scenario run it. docs/engines.md.
+llama-cpp: $(STAMP)
+	@if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q cmake g++; \
+	  else echo "cmake and g++ are missing: apt-get install cmake g++ (as root)"; exit 1; fi; \
+	fi
+	LLMGW_PYTHON=$(abspath $(BIN))/python scripts/build-llama-cpp.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check llmgw_runtime tests bench scripts collections
 
 typecheck: $(STAMP)
 	$(BIN)/mypy llmgw_runtime
 
-pytest: $(STAMP) ansible-deps system-deps runtime-deps
+pytest: $(STAMP) ansible-deps system-deps runtime-deps llama-cpp
 	$(BIN)/python -m pytest -q
 
 # The Python checks alone (a minute); `test` adds ansible-lint and every Molecule scenario.
@@ -91,7 +104,7 @@ lint-ansible: $(ANSIBLE_STAMP)
 # one), then molecule/cluster (LLMGW_MOLECULE_ONLY="tls common" limits them); builds the
 # container image first when missing. $(STAMP): the cluster's prepare and the agent's verify
 # write the tiny test model on this machine with the test extras (gguf, numpy).
-molecule: $(STAMP) ansible-deps
+molecule: $(STAMP) ansible-deps llama-cpp
 	PATH="$(abspath $(BIN)):$$PATH" molecule/run-all.sh
 
 bench: $(STAMP) system-deps

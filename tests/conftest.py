@@ -7,12 +7,21 @@ from __future__ import annotations
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from llmgw_runtime.store import Store
+from tests.support.llama_cpp import built_bin_dir
 from tests.support.patroni_cluster import PatroniCluster, missing_tools
 from tests.support.postgres import PostgresServer
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_bin() -> Path:
+    """llama.cpp's llama-server and ggml-rpc-server, built once per machine by
+    `make llama-cpp` (tests/support/llama_cpp.py)."""
+    return built_bin_dir()
 
 
 @pytest.fixture(scope="session")

@@ -132,8 +132,8 @@ def test_a_target_the_docs_name_installs_what_it_uses(target: str, tmp_path: Pat
 
 def test_the_check_finds_a_target_that_uses_what_it_does_not_install(tmp_path: Path) -> None:
     # The Makefile before issue 15: `make molecule` installed Ansible and Molecule only.
-    makefile = (ROOT / "Makefile").read_text().replace(
-        "molecule: $(STAMP) ansible-deps", "molecule: ansible-deps")
+    makefile = re.sub(r"^molecule:.*$", "molecule: ansible-deps",
+                      (ROOT / "Makefile").read_text(), count=1, flags=re.M)
     [problem] = missing_in_plan(plan_of("molecule", makefile, tmp_path))
     assert "molecule/run-all.sh` runs without gguf, numpy" in problem
 

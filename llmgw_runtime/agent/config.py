@@ -29,7 +29,7 @@ class AgentConfig:
     state_dir: Path = field(default_factory=_default_state_dir)
     devices: str = "auto"
     llama_server_binary: str | None = None
-    llama_rpc_binary: str | None = None   # llama.cpp's rpc-server, for multi-node workers
+    llama_rpc_binary: str | None = None   # llama.cpp's RPC worker (ggml-rpc-server), multi-node
     vllm_python: str | None = None
     # Where to look for weights (and download them to: the first writable one). Told
     # nothing, the agent reports no weights and downloads into <state_dir>/weights.

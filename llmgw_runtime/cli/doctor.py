@@ -43,6 +43,7 @@ def report_json(facts: Facts, findings: list[Finding]) -> dict[str, Any]:
         "nvidia_smi": _discovery(facts.nvidia_smi),
         "other": _discovery(facts.other),
         "engines": facts.engines,
+        "llama_cpp": facts.llama_cpp.to_dict() if facts.llama_cpp else None,
         "weights": [w.__dict__ for w in facts.weights],
         "control": {"url": facts.control_url, "ok": facts.control_ok,
                     "detail": facts.control_detail},

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..devices.model import Discovery
+from ..engines.llamacpp_build import BUILD_HINT, RPC_SERVER_NAMES, LlamaCppBuild
 
 OK, WARNING, ERROR = "ok", "warning", "error"
 GPU_SPECS = ("auto", "nvml", "nvidia-smi")
@@ -32,6 +33,7 @@ class Facts:
     settings_from: str | None = None        # whose settings are checked (doctor/local.py)
     settings_problem: str | None = None     # the agent's env file exists but is unreadable
     engines: dict[str, str | None] = field(default_factory=dict)  # name -> problem or None
+    llama_cpp: LlamaCppBuild | None = None  # the llama.cpp build the agent would run
     weights: list[WeightsDir] = field(default_factory=list)
     control_url: str | None = None
     control_ok: bool | None = None
@@ -129,6 +131,8 @@ def _rest(facts: Facts) -> list[Finding]:
             out.append(Finding(ERROR, "engines", f"engine {name}: {problem}"))
         else:
             out.append(Finding(OK, "engines", f"engine {name} is installed"))
+    if facts.llama_cpp is not None and not facts.engines.get("llama.cpp"):
+        out += _llama_cpp(facts.llama_cpp)
     if not facts.weights:
         out.append(Finding(OK, "weights", "no weights directories configured: models are "
                            "read from their source paths"))
@@ -158,6 +162,20 @@ def _rest(facts: Facts) -> list[Finding]:
                            f"be reached: {facts.control_detail}",
                            "check the URL, that `llmgw server` runs there, and the firewall"))
     return out
+
+
+def _llama_cpp(build: LlamaCppBuild) -> list[Finding]:
+    """Which llama.cpp build this node runs: version, source, RPC support and worker."""
+    if build.problem:
+        return [Finding(ERROR, "llama.cpp", build.describe(),
+                        "run it by hand to see why; a build whose shared libraries are "
+                        f"not beside it cannot start ({BUILD_HINT})")]
+    if build.rpc and not build.rpc_server:
+        return [Finding(WARNING, "llama.cpp", build.describe(),
+                        f"put llama.cpp's RPC worker ({' or '.join(RPC_SERVER_NAMES)}) next "
+                        "to llama-server or set LLMGW_LLAMA_RPC_BINARY; "
+                        f"{BUILD_HINT} builds both")]
+    return [Finding(OK, "llama.cpp", build.describe())]
 
 
 def diagnose(facts: Facts) -> list[Finding]:

@@ -13,6 +13,7 @@ from ..agent.config import AgentConfig
 from ..devices.model import Discovery
 from ..devices.sources import DeviceSource, source_from_spec
 from ..engines.drivers import engine_problems
+from ..engines.llamacpp_build import LlamaCppBuild, cpu_engine, inspect
 from ..errors import LlmgwError
 from .diagnose import GPU_SPECS, Facts, WeightsDir
 from .local import LocalSettings
@@ -21,6 +22,13 @@ from .local import LocalSettings
 def engines(config: AgentConfig) -> dict[str, str | None]:
     """Each engine the agent would offer, with a problem or None."""
     return engine_problems(config.llama_server_binary, config.vllm_python)
+
+
+def llama_cpp(config: AgentConfig) -> LlamaCppBuild | None:
+    """The llama.cpp build the agent would run: its llama-server, else the CPU engine."""
+    if config.llama_server_binary:
+        return inspect(config.llama_server_binary, config.llama_rpc_binary)
+    return cpu_engine()
 
 
 def weights(dirs: tuple[str, ...]) -> list[WeightsDir]:
@@ -92,6 +100,6 @@ def gather(config: AgentConfig, *, nvml: DeviceSource | None = None,
                  other=other, other_failed=failed, devices=config.devices,
                  settings_from=local.describe() if local is not None else None,
                  settings_problem=local.problem if local is not None else None,
-                 engines=engines(config), weights=weights(config.weights_dirs),
+                 engines=engines(config), llama_cpp=llama_cpp(config), weights=weights(config.weights_dirs),
                  control_url=config.control_url or None, control_ok=ok,
                  control_detail=detail)

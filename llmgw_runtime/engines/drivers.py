@@ -1,8 +1,9 @@
 """The engine drivers: llama.cpp (``llama-server`` or the xllamacpp launcher) and vLLM.
 
-Multi-node replicas: llama.cpp runs an ``rpc-server`` on every worker node (bound to the
-node's address, on the replica's rendezvous port) and the head's ``llama-server`` gets
-``--rpc addr:port,...``; the head waits until every worker accepts connections. vLLM runs
+Multi-node replicas: llama.cpp runs its RPC worker (``ggml-rpc-server``; ``rpc-server`` in
+older builds) on every worker node (bound to the node's address, on the replica's rendezvous
+port) and the head's ``llama-server`` gets ``--rpc addr:port,...``; the head waits until every
+worker accepts connections. docs/engines.md says how it is wired. vLLM runs
 ``vllm serve`` on every node with ``--nnodes/--node-rank/--master-addr/--master-port``
 (multiprocessing backend, no Ray); workers are ``--headless``.
 """
@@ -28,6 +29,7 @@ from .base import (
     rendezvous,
     resolve_source,
 )
+from .llamacpp_build import BUILD_HINT, find_rpc_server
 from .owned import owned_flags_in, refuse_owned_flags
 from .slots import slots_flag
 from .xllamacpp_launcher import args_problem as cpu_engine_args_problem
@@ -78,19 +80,19 @@ class LlamaCppDriver(EngineDriver):
         return f"args refused by {engine}: {problem} ({CPU_ENGINE_DOC})"
 
     def _rpc_server(self) -> str:
-        """llama.cpp's ``rpc-server``: as configured, else next to llama-server, else PATH."""
-        candidates = [self.rpc_binary] if self.rpc_binary else []
-        if self.binary:
-            found = shutil.which(self.binary) or self.binary
-            candidates.append(str(Path(found).with_name("rpc-server")))
-        candidates.append("rpc-server")
-        for candidate in candidates:
-            path = shutil.which(candidate) or candidate
-            if self._executable_exists(path):
-                return path
-        raise EngineError("llama.cpp's rpc-server is not found (needed on every worker node "
-                          "of a multi-node llama.cpp replica); build llama.cpp with "
-                          "-DGGML_RPC=ON and set LLMGW_LLAMA_RPC_BINARY")
+        """llama.cpp's RPC worker (``ggml-rpc-server``, ``rpc-server`` in older builds): as
+        configured, else next to llama-server, else on PATH."""
+        found = find_rpc_server(self.binary, self.rpc_binary)
+        if found:
+            return found
+        if self.rpc_binary:
+            raise EngineError(f"llama.cpp's RPC worker {self.rpc_binary!r} "
+                              "(LLMGW_LLAMA_RPC_BINARY) is not found or not executable; fix "
+                              f"the path, or {BUILD_HINT}")
+        raise EngineError("llama.cpp's RPC worker (ggml-rpc-server or rpc-server) is not "
+                          "found next to llama-server nor on PATH (needed on every worker "
+                          "node of a multi-node llama.cpp replica); build llama.cpp with "
+                          f"-DGGML_RPC=ON ({BUILD_HINT}) or set LLMGW_LLAMA_RPC_BINARY")
 
     def launch(self, assignment: Mapping[str, Any], *, host: str, port: int,
                weights_dirs: Sequence[str | Path] = ()) -> LaunchSpec:
@@ -112,14 +114,14 @@ class LlamaCppDriver(EngineDriver):
             if not self._executable_exists(binary):
                 raise EngineError(f"llama-server binary {self.binary!r} not found or not "
                                   "executable; install llama.cpp or fix "
-                                  "LLMGW_LLAMA_SERVER_BINARY")
+                                  f"LLMGW_LLAMA_SERVER_BINARY ({BUILD_HINT})")
             argv = [binary, "-m", str(path), "--host", host, "--port", str(port),
                     "--alias", model, *args]
         else:
             if wait:
                 raise EngineError("a multi-node llama.cpp replica needs llama-server built "
                                   "with RPC; set LLMGW_LLAMA_SERVER_BINARY (the xllamacpp "
-                                  "wheel has no RPC)")
+                                  f"wheel has no RPC; {BUILD_HINT})")
             problem = self.args_problem(args)
             if problem:
                 raise EngineError(f"replica {assignment.get('replica_id')}: {problem}")
@@ -203,7 +205,7 @@ def engine_problems(llama_server_binary: str | None = None,
         ok = os.path.isfile(found) and os.access(found, os.X_OK)
         out["llama.cpp"] = None if ok else (
             f"llama-server binary {llama_server_binary!r} is not found or not executable; "
-            "install llama.cpp or fix LLMGW_LLAMA_SERVER_BINARY")
+            f"install llama.cpp or fix LLMGW_LLAMA_SERVER_BINARY ({BUILD_HINT})")
     else:
         import importlib.util
 

@@ -167,12 +167,16 @@ def test_vllm_multi_node_head_and_worker_meet_at_the_rendezvous_port() -> None:
     assert ["--tensor-parallel-size", "2"] == worker.argv[7:9]
 
 
-def test_llamacpp_multi_node_head_waits_for_rpc_workers(tmp_path: Path) -> None:
-    binary = tmp_path / "llama-server"
-    rpc = tmp_path / "rpc-server"
-    for b in (binary, rpc):
+def executables(*paths: Path) -> None:
+    for b in paths:
         b.write_text("#!/bin/sh\n")
         b.chmod(0o755)
+
+
+def test_llamacpp_multi_node_head_waits_for_rpc_workers(tmp_path: Path) -> None:
+    binary = tmp_path / "llama-server"
+    rpc = tmp_path / "ggml-rpc-server"          # the worker's name since llama.cpp ~b6000
+    executables(binary, rpc)
     driver = LlamaCppDriver(str(binary))
     a = multi_node(0, engine="llama.cpp")
     head = driver.launch(a, host="0.0.0.0", port=8000)
@@ -183,8 +187,31 @@ def test_llamacpp_multi_node_head_waits_for_rpc_workers(tmp_path: Path) -> None:
     assert worker.health == "tcp" and worker.port == 29501
 
 
-def test_llamacpp_worker_without_rpc_server_says_how_to_get_one(tmp_path: Path) -> None:
-    with pytest.raises(EngineError, match="GGML_RPC=ON"):
+def test_llamacpp_older_builds_rpc_server_is_found_next_to_llama_server(
+        tmp_path: Path) -> None:
+    binary, rpc = tmp_path / "llama-server", tmp_path / "rpc-server"
+    executables(binary, rpc)
+    worker = LlamaCppDriver(str(binary)).launch_worker(multi_node(1, engine="llama.cpp"))
+    assert worker.argv[0] == str(rpc)
+
+
+def test_llamacpp_configured_rpc_worker_wins_over_the_one_next_to_llama_server(
+        tmp_path: Path) -> None:
+    binary, near, chosen = (tmp_path / "llama-server", tmp_path / "ggml-rpc-server",
+                            tmp_path / "my-rpc")
+    executables(binary, near, chosen)
+    worker = LlamaCppDriver(str(binary), rpc_binary=str(chosen)).launch_worker(
+        multi_node(1, engine="llama.cpp"))
+    assert worker.argv[0] == str(chosen)
+
+
+def test_llamacpp_worker_without_rpc_server_says_how_to_get_one(tmp_path: Path,
+                                                                monkeypatch: Any) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(EngineError, match="ggml-rpc-server or rpc-server.*GGML_RPC=ON.*"
+                                          "make llama-cpp"):
+        LlamaCppDriver(str(tmp_path / "none")).launch_worker(multi_node(1, engine="llama.cpp"))
+    with pytest.raises(EngineError, match="'.*nope'.*LLMGW_LLAMA_RPC_BINARY.*make llama-cpp"):
         LlamaCppDriver(str(tmp_path / "none"), rpc_binary=str(tmp_path / "nope")
                        ).launch_worker(multi_node(1, engine="llama.cpp"))
 

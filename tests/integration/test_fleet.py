@@ -1,13 +1,14 @@
-"""The fleet on loopback: a multi-node replica across two real agents of one fabric, routed
-with the real openai client; a failed part failing the replica; fabrics as capacity; and
-weights fetched over HTTP by a real agent for a real llama.cpp engine."""
+"""The fleet on loopback: a multi-node replica across two real agents of one fabric, with
+llama.cpp's real RPC worker on one node and the real `llama-server --rpc` on the other
+(`make llama-cpp` builds them), serving the demo model to the real openai client; a dead
+worker failing the replica; fabrics as capacity; and weights fetched over HTTP by a real
+agent for a real llama.cpp engine."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,62 +17,72 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw_runtime.cli.ctl import ctl as ctl_group
-from tests.support.procs import pid_alive, wait_until
+from llmgw_runtime.cli.up import demo_model_path
+from llmgw_runtime.control.assignments import part_id
+from tests.support.procs import free_port, pid_alive, wait_until
 
 from .conftest import Cluster
 
 pytestmark = pytest.mark.slow
-
-STANDIN = Path(__file__).resolve().parents[1] / "support" / "rpc_standin.py"
 
 BIG = """models:
   - name: big
     source: file://{model}
     engine: llama.cpp
     profile: {{class: cpu, gpus: 1, nodes: 2, tp: 2}}
+    args: ["--ctx-size", "1024", "--threads", "1"]
 """
 
 
-def standin(tmp: Path, name: str) -> str:
-    """An executable named like llama.cpp's that runs the RPC stand-in."""
-    path = tmp / "bin" / name
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} {name} \"$@\"\n")
-    path.chmod(0o755)
-    return str(path)
+def rpc_agent(c: Cluster, bin_dir: Path, node: str, fabric: str) -> None:
+    """An agent with the built llama-server; it finds ggml-rpc-server next to it."""
+    c.start_agent(f"agent-{node}", node=node, extra=["--fabric", fabric],
+                  env={"LLMGW_LLAMA_SERVER_BINARY": str(bin_dir / "llama-server")})
 
 
-def rpc_agent(c: Cluster, tmp: Path, node: str, fabric: str) -> None:
-    c.start_agent(f"agent-{node}", node=node, extra=["--fabric", fabric], env={
-        "LLMGW_LLAMA_SERVER_BINARY": standin(tmp, "llama-server"),
-        "LLMGW_LLAMA_RPC_BINARY": standin(tmp, "rpc-server")})
+def engine_log(c: Cluster, node: str, replica_id: str) -> str:
+    """The engine's log on ``node`` (a worker part's id is part_id(replica, rank))."""
+    return (c.root / f"agent-{node}" / "run" / f"{replica_id}.log").read_text(errors="replace")
 
 
-def test_a_two_node_replica_runs_across_one_fabric_and_a_dead_part_fails_it(
-        cluster_factory: Any, tiny_model: Path, tmp_path: Path) -> None:
+def test_a_two_node_replica_runs_across_one_fabric_and_a_dead_worker_fails_it(
+        cluster_factory: Any, llama_cpp_bin: Path, tmp_path: Path) -> None:
+    port = free_port()                 # the rendezvous port: none other tests may hold
     c: Cluster = cluster_factory()
-    c.start_control()
+    c.start_control(env={"LLMGW_RENDEZVOUS_PORTS": f"{port}-{port}"})
     c.start_router()
-    rpc_agent(c, tmp_path, "node-a", "ib-a")
-    rpc_agent(c, tmp_path, "node-c", "ib-b")       # alone on its fabric: never a partner
-    rpc_agent(c, tmp_path, "node-b", "ib-a")
+    rpc_agent(c, llama_cpp_bin, "node-a", "ib-a")
+    rpc_agent(c, llama_cpp_bin, "node-c", "ib-b")       # alone on its fabric: never a partner
+    rpc_agent(c, llama_cpp_bin, "node-b", "ib-a")
     wait_until(lambda: len(c.admin.get("/api/v1/nodes")["nodes"]) == 3, 30, "three nodes")
-    c.apply(BIG.format(model=tiny_model))
-    c.wait_ready("big", timeout=60)
+    c.apply(BIG.format(model=demo_model_path()))
+    c.wait_ready("big", timeout=120)
 
     (rep,) = c.replicas("big")
-    nodes = {rep["node"], *(p["node"] for p in rep["parts"])}
-    assert nodes == {"node-a", "node-b"}, rep
-    assert [p["rank"] for p in rep["parts"]] == [1] and rep["rendezvous_port"] == 29500
-    client = openai.OpenAI(base_url=c.router_url + "/v1", api_key="unused", max_retries=0)
+    head, worker = rep["node"], rep["parts"][0]["node"]
+    assert {head, worker} == {"node-a", "node-b"}, rep
+    assert [p["rank"] for p in rep["parts"]] == [1] and rep["rendezvous_port"] == port
+    client = openai.OpenAI(base_url=c.router_url + "/v1", api_key="unused", max_retries=0,
+                           timeout=120)
     reply = client.chat.completions.create(
-        model="big", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-    # the head was started with --rpc naming its worker on the other node of ib-a
-    assert reply.system_fingerprint == "big+rpc:127.0.0.1:29500"
+        model="big", temperature=0, max_tokens=16,
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    answer = reply.choices[0].message.content or ""
+    assert reply.model == "big" and any(w.isalpha() and len(w) > 2 for w in answer.split()), \
+        answer
+    # The head is the real llama-server given its worker with --rpc, and the worker served
+    # the head's connection (it holds the model's layers: a head whose worker dies aborts
+    # at its next step, "Remote RPC server crashed", docs/engines.md).
+    head_log = engine_log(c, head, rep["id"])
+    assert f"{llama_cpp_bin / 'llama-server'} -m {demo_model_path()}" in head_log
+    assert f"--rpc 127.0.0.1:{port}" in head_log
+    worker_log = engine_log(c, worker, part_id(rep["id"], 1))
+    assert "ggml-rpc-server --host 127.0.0.1 --port" in worker_log
+    assert "Accepted client connection" in worker_log, worker_log[-2000:]
 
     # a second two-node model cannot be placed: ib-a is taken, ib-b has one node
-    entry = BIG.format(model=tiny_model).split("models:\n")[1]
-    c.apply(BIG.format(model=tiny_model) + entry.replace("name: big", "name: big2"))
+    entry = BIG.format(model=demo_model_path()).split("models:\n")[1]
+    c.apply(BIG.format(model=demo_model_path()) + entry.replace("name: big", "name: big2"))
     plan = c.admin.get("/api/v1/plan")
     assert plan["unplaceable"]["big2"] == \
         "needs 2 whole nodes in one fabric; ib-a has 0 free, ib-b 1"
@@ -80,9 +91,9 @@ def test_a_two_node_replica_runs_across_one_fabric_and_a_dead_part_fails_it(
     assert "cannot place big2: needs 2 whole nodes in one fabric; ib-a has 0 free, ib-b 1" in out
     assert "FABRIC" in out and "ib-a" in out and "ib-b" in out
     code, out = ctl(c, "replicas")
-    assert f"{rep['node']}:0 + {rep['parts'][0]['node']}:0" in out and "ready" in out
+    assert f"{head}:0 + {worker}:0" in out and "ready" in out
 
-    # kill the worker's engine: the part fails, so does the replica, with the reason
+    # kill the worker's RPC server: its part fails, so does the replica, with the reason
     worker_pid = rep["parts"][0]["pid"]
     assert worker_pid and pid_alive(worker_pid)
     os.kill(worker_pid, signal.SIGKILL)
@@ -92,7 +103,8 @@ def test_a_two_node_replica_runs_across_one_fabric_and_a_dead_part_fails_it(
         return next((e["message"] for e in events if e["kind"] == "failure"
                      and e["subject"] == "big"), None)
     message = wait_until(failure, 30, "the replica's failure")
-    assert "part 1 on node-b failed" in message, c.logs()
+    assert f"part 1 on {worker} failed: engine exited with code -9" in message, c.logs()
+    assert rep["id"] not in {r["id"] for r in c.replicas("big") if r["state"] == "ready"}
 
 
 def ctl(c: Cluster, *args: str) -> tuple[int, str]:
