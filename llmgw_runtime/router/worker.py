@@ -21,9 +21,10 @@ shutdown, TLS, worker heartbeat, ``worker_connections``) and serves each connect
   answer) with its status line and headers in one ``sendall``; a stream's head with its
   first chunk, then one send per chunk (chunked transfer coding when the length is
   unknown).
-- a body the app did not read is drained before the answer when at most
-  :data:`SMALL_UNREAD_BODY` bytes are left; otherwise the answer says ``Connection:
-  close`` and the connection is closed (a 413 or 401 answered before the body).
+- a body the app did not read is drained after the answer when at most
+  :data:`SMALL_UNREAD_BODY` bytes are left; otherwise (or a chunked body not read to its
+  end) the answer says ``Connection: close`` and the connection is closed (a 413 or 401
+  answered before the body).
 """
 
 from __future__ import annotations
@@ -286,14 +287,15 @@ class Connection:
             if not started:
                 raise RuntimeError("the app did not call start_response")
             head_only = environ["REQUEST_METHOD"] == "HEAD"
-            # What the app left of the body: drained when small, else the answer says
-            # the connection closes.
-            keep = keep and body.finish()
-            return self.write(started, answer, legacy, keep, head_only, environ)
+            # What the app left of the body: drained after the answer when small, else
+            # the answer says the connection closes.
+            keep = self.write(started, answer, legacy, keep and body.drainable(), head_only,
+                              environ)
         finally:
             close = getattr(answer, "close", None)
             if close is not None:
                 close()
+        return keep and body.finish()
 
     def write(self, started: list[Any], answer: Iterable[bytes], legacy: list[bytes],
               keep: bool, head_only: bool, environ: dict[str, Any]) -> bool:
@@ -431,11 +433,17 @@ class Body:
     def __iter__(self) -> Any:
         return iter(self.readline, b"")
 
+    def drainable(self) -> bool:
+        """Whether what is left unread may be drained to keep the connection: at most
+        :data:`SMALL_UNREAD_BODY` bytes, and not a body behind a 100-continue never sent
+        (its client sends nothing more)."""
+        return self.left <= SMALL_UNREAD_BODY and not (self.expect and self.left)
+
     def finish(self) -> bool:
         """After the answer: the unread rest drained (True: the connection may go on), or
         left unread when large (False: close it)."""
-        if self.left > SMALL_UNREAD_BODY or (self.expect and self.left):
-            return False          # a 100-continue never sent: the client sends nothing more
+        if not self.drainable():
+            return False
         try:
             while self.left:
                 self.read(min(self.left, _BLOCK))
@@ -450,7 +458,6 @@ class Chunked(Body):
     def __init__(self, conn: Connection, expect: bool) -> None:
         super().__init__(conn, 0, expect)
         self.done = False
-        self.drained = 0
 
     def _line(self) -> bytes:
         buf = self.conn.buf
@@ -490,14 +497,9 @@ class Chunked(Body):
                     raise BadRequest("400 Bad Request", "a chunk does not end with CRLF")
         return bytes(out)
 
+    def drainable(self) -> bool:
+        """Only a chunked body read to its end: the rest's length is unknown."""
+        return self.done
+
     def finish(self) -> bool:
-        if self.expect and not self.done:
-            return False
-        try:
-            while not self.done:
-                self.drained += len(self.read(_BLOCK))
-                if self.drained > SMALL_UNREAD_BODY:
-                    return False
-        except (OSError, TimeoutError, BadRequest):
-            return False
-        return True
+        return self.done

@@ -240,3 +240,17 @@ def test_a_client_that_never_finishes_its_head_is_dropped(router: tuple[str, int
             sock.sendall(b"X")
         assert Reader(sock).closed()
         assert time.monotonic() - started < 8     # keepalive is 5 s
+
+
+def test_an_unfinished_chunked_body_is_answered_at_once_and_closed(
+        router: tuple[str, int]) -> None:
+    # Refused before its body was read (a wrong key): the answer does not wait for a body
+    # whose length nobody knows, and the connection closes instead of reading the rest.
+    with _connect(router) as sock:
+        reader = Reader(sock)
+        started = time.monotonic()
+        sock.sendall(_post(b"10\r\n0123456789abcdef\r\n", "Transfer-Encoding: chunked",
+                           length=False).replace(API_KEY.encode(), b"sk-llmgw-wrong"))
+        status, headers, _ = reader.answer()
+        assert status == 401 and headers["connection"] == "close"
+        assert reader.closed() and time.monotonic() - started < 3
