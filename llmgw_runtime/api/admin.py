@@ -101,6 +101,42 @@ class Profile(Answer):
     memory_gb: Finite | None = None
 
 
+class AutoscaleSettings(Answer):
+    """A model's ``autoscale`` settings (catalog_scale.Autoscale; docs/autoscaling.md)."""
+
+    wait_target_s: Finite
+    up_after_s: Finite
+    busy_below: Finite
+    down_after_s: Finite
+    cooldown_s: Finite
+
+
+class ScaleSignal(Answer):
+    """What the routers reported of a scaled model, summed over routers."""
+
+    waiting: Count
+    busy: Count
+    slots: Count | None = None
+    wait_s: Finite
+    rejected: Count
+    routers: Count
+
+
+class Scaling(Answer):
+    """A scaled model's current / target / min / max replicas and why (autoscale.view)."""
+
+    current: SmallCount
+    target: SmallCount
+    min: SmallCount
+    max: SmallCount
+    signal: ScaleSignal
+    settings: AutoscaleSettings
+    up_for_s: Finite | None = None
+    down_for_s: Finite | None = None
+    blocked: Text | None = None
+    note: Text
+
+
 class Model(Answer):
     name: str
     source: str
@@ -131,6 +167,12 @@ class Model(Answer):
     reason: str | None = None
     ready: SmallCount
     wanted: SmallCount
+    aliases: list[Name] = Field(default_factory=list, max_length=MAX_LIST)
+    fallback: list[Name] = Field(default_factory=list, max_length=MAX_LIST)
+    replicas_max: SmallCount | None = None      # None: a fixed number of replicas
+    autoscale: AutoscaleSettings | None = None
+    scale_target: SmallCount | None = None
+    scaling: Scaling | None = None               # None: a fixed number of replicas
 
 
 class Hardware(Answer):

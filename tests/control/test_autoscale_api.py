@@ -162,6 +162,15 @@ def test_status_console_and_metrics_show_current_min_max_and_the_signal(api: Api
         assert sample in metrics, sample
     assert 'llmgw_model_autoscale_target_replicas{model="fixed"}' not in metrics
 
+    # ctl reads the same through the typed admin answer (api/admin.Model)
+    from llmgw_runtime.api.admin import ModelList
+    models = {m.name: m for m in ModelList.model_validate(
+        api.call("GET", "/api/v1/models").json).models}
+    scaling = models["tiny"].scaling
+    assert scaling is not None and (scaling.min, scaling.max, scaling.current) == (1, 3, 1)
+    assert scaling.signal.waiting == 6 and scaling.settings.wait_target_s == 1
+    assert models["tiny"].replicas_max == 3 and models["fixed"].scaling is None
+
     assert api.client.post("/console/login", data={"token": ADMIN}).status_code in (302, 303)
     page = api.client.get("/console/models").get_data(as_text=True)
     assert ('1/1 (min 1, max 3): wait 4.0 s (target 1 s), 4/2 slots busy, 6 waiting; '
