@@ -1,5 +1,7 @@
 """llmgw.cluster.llmgw_model through real ansible-playbook runs against a real control
-service: create, idempotence, update with diff, check mode, delete, server refusals."""
+service: create, idempotence, update with diff, check mode, delete, server refusals; every
+catalog field (a replicas range, autoscale, routing, aliases, fallback, ...) applied and
+compared as the server stores it."""
 
 from __future__ import annotations
 
@@ -132,3 +134,105 @@ def test_https_verifies_the_control_service_with_ca_path(cluster_factory: Any,
     assert trusted["changed"] is True and cluster.model("qwen")["engine"] == "llama.cpp"
     assert untrusted["failed"] is True
     assert "cannot verify the TLS certificate" in untrusted["msg"], untrusted["msg"]
+
+
+# ------------------------------------------------------------ the catalog's newer fields
+
+RANGE_AND_AUTOSCALE: dict[str, Any] = {
+    "replicas": {"min": 1, "max": 3},
+    "autoscale": {"wait_target_s": 5, "up_after_s": "2m", "busy_below": 0.25,
+                  "down_after_s": "15m", "cooldown_s": 90},
+    "routing": "least-outstanding", "slots": 4, "max_queue": 10, "max_wait_s": 20,
+    "aliases": ["gpt-4o-mini", "small-chat"], "fallback": ["other"], "strategy": "spread",
+    "sha256": "AB" * 32, "size_bytes": 1234}
+
+
+def other_model(playbook: Playbook) -> None:
+    """A model for fallbacks to name."""
+    playbook.cluster.apply("models:\n  - {name: other, source: /srv/other.gguf, "
+                           "engine: llama.cpp, profile: {class: cpu}}\n")
+
+
+def test_every_catalog_field_is_applied_and_a_second_run_changes_nothing(
+        playbook: Playbook) -> None:
+    other_model(playbook)
+    full = model_task(**RANGE_AND_AUTOSCALE)
+    # min 0 and no autoscale: the server stores on_demand true and every autoscale default.
+    on_demand = model_task("batch", replicas={"min": 0, "max": 3}, idle_stop_after="30m")
+
+    first, first_batch, second, second_batch = playbook.run(full, on_demand,
+                                                            {**full, "diff": True}, on_demand)
+
+    assert first["changed"] is True and first_batch["changed"] is True
+    model = stored(playbook, "qwen")
+    assert (model["replicas"], model["replicas_max"], model["on_demand"]) == (1, 3, False)
+    assert model["autoscale"] == {"wait_target_s": 5.0, "up_after_s": 120.0,
+                                  "busy_below": 0.25, "down_after_s": 900.0,
+                                  "cooldown_s": 90.0}
+    assert {k: model[k] for k in ("routing", "slots", "max_queue", "max_wait_s", "aliases",
+                                  "fallback", "strategy", "sha256", "size_bytes")} == {
+        "routing": "least-outstanding", "slots": 4, "max_queue": 10, "max_wait_s": 20.0,
+        "aliases": ["gpt-4o-mini", "small-chat"], "fallback": ["other"],
+        "strategy": "spread", "sha256": "ab" * 32, "size_bytes": 1234}
+    assert first["model"]["replicas_max"] == 3
+    batch = stored(playbook, "batch")
+    assert (batch["replicas"], batch["replicas_max"], batch["on_demand"]) == (0, 3, True)
+    assert batch["autoscale"]["down_after_s"] == 300.0
+    assert second["changed"] is False and second["changed_fields"] == [], second
+    assert second["diff"]["before"] == second["diff"]["after"]
+    assert second_batch["changed"] is False, second_batch
+
+
+def test_a_changed_range_is_reported_and_applied(playbook: Playbook) -> None:
+    playbook.run(model_task(replicas={"min": 1, "max": 3}))
+
+    preview, wider, tuned, fixed, again = playbook.run(
+        {**model_task(replicas={"min": 1, "max": 5}), "check_mode": True},
+        {**model_task(replicas={"min": 1, "max": 5}), "diff": True},
+        model_task(replicas={"min": 1, "max": 5}, autoscale={"cooldown_s": "5m"}),
+        model_task(replicas=2),
+        model_task(replicas=2))
+
+    assert preview["changed"] is True and preview["changed_fields"] == ["replicas_max"]
+    assert preview["model"]["replicas_max"] == 5
+    assert wider["changed"] is True and wider["changed_fields"] == ["replicas_max"]
+    assert wider["diff"]["before"]["replicas_max"] == 3
+    assert wider["diff"]["after"]["replicas_max"] == 5
+    assert wider["model"]["replicas_max"] == 5
+    assert tuned["changed_fields"] == ["autoscale"]
+    assert tuned["model"]["autoscale"]["cooldown_s"] == 300.0
+    # a number: no max, nothing to scale, so no autoscale settings either
+    assert fixed["changed_fields"] == ["replicas", "replicas_max", "autoscale"]
+    assert again["changed"] is False
+    model = stored(playbook, "qwen")
+    assert (model["replicas"], model["replicas_max"], model["autoscale"]) == (2, None, None)
+
+
+def test_a_bad_value_is_refused_with_the_servers_message(playbook: Playbook) -> None:
+    other_model(playbook)
+    playbook.run(model_task(replicas={"min": 0, "max": 3}))
+    bad = {
+        # the same model as stored but for on_demand: false, which min 0 contradicts
+        "replicas.min 0 means on demand": {"replicas": {"min": 0, "max": 3},
+                                           "on_demand": False},
+        "replicas.min (3) is above replicas.max (1); swap them": {
+            "replicas": {"min": 3, "max": 1}},
+        "autoscale applies to a model whose replicas is a range": {
+            "replicas": 2, "autoscale": {"cooldown_s": 30}},
+        "autoscale.busy_below must be a share of the slots between 0 and 1": {
+            "replicas": {"min": 0, "max": 3}, "autoscale": {"busy_below": 30}},
+        "routing 'sticky' is unknown": {"routing": "sticky"},
+        "fallback nope is not a model of the catalog": {"fallback": ["nope"]},
+        "alias other is already the name of model other": {"aliases": ["other"]},
+    }
+
+    results = playbook.run(*({**model_task(**fields), "ignore_errors": True}
+                             for fields in bad.values()))
+
+    for why, result in zip(bad, results, strict=True):
+        assert result["failed"] is True and result["status"] == 400, result
+        assert why in result["msg"], (why, result["msg"])
+    model = stored(playbook, "qwen")
+    assert (model["replicas"], model["replicas_max"], model["on_demand"]) == (0, 3, True)
+    assert (model["routing"], model["fallback"], model["aliases"]) == (
+        "prefix-affinity", [], [])

@@ -1,22 +1,49 @@
 # Copyright: llmgw maintainers
 """Pure functions: one catalog entry as declared, as the server stores it, and the difference.
 
-The server fills defaults (profile gpus/tp/pp/nodes 1, replicas 1, on_demand false, args [])
-and stores idle_stop_after as seconds (idle_stop_after_s); comparing both sides after the
-same normalisation keeps a second run from reporting a change.
+The entry sent to the server holds only the fields the task declares; the server fills the
+rest with its defaults (llmgw_runtime/catalog.py, catalog_scale.py) and stores some fields in
+another form than the catalog writes them:
+
+- ``replicas`` ``N`` or ``{min, max}``: ``replicas`` (the min), ``replicas_max`` (the max,
+  null when fixed or equal to the min) and ``on_demand`` (true as well when the min is 0);
+- ``idle_stop_after`` ``30m``: ``idle_stop_after_s`` 1800.0;
+- ``autoscale``: every setting, in seconds, defaults filled in, for a model whose range
+  leaves room to scale; null otherwise;
+- ``sha256`` in lower case, ``max_wait_s`` as a float, ``args`` as strings.
+
+``declared()`` puts the task's fields in that form and ``stored()`` reads the server's model
+in it, so a second run compares equal and reports no change. A declaration the server would
+refuse is kept in a form no stored model has, so it is sent and the server says why.
 """
 
 from __future__ import annotations
 
 import re
 
-# The fields the module declares and compares, in the order a diff shows them.
-FIELDS = ("name", "source", "engine", "profile", "replicas", "on_demand", "idle_stop_after_s",
-          "args")
+# The fields compared, in the order a diff shows them: the server's names and forms.
+FIELDS = ("name", "source", "engine", "profile", "replicas", "replicas_max", "on_demand",
+          "idle_stop_after_s", "autoscale", "args", "strategy", "sha256", "size_bytes",
+          "routing", "slots", "max_queue", "max_wait_s", "aliases", "fallback")
+# The entry's optional fields, sent only when the task sets them.
+OPTIONAL = ("replicas", "on_demand", "idle_stop_after", "autoscale", "args", "strategy",
+            "sha256", "size_bytes", "routing", "slots", "max_queue", "max_wait_s", "aliases",
+            "fallback")
+# What the server stores for a field the entry leaves out (catalog.py ModelSpec); also what a
+# control service older than a field is taken to hold.
+DEFAULTS = {"replicas": 1, "replicas_max": None, "on_demand": False,
+            "idle_stop_after_s": None, "autoscale": None, "args": [], "strategy": "binpack",
+            "sha256": None, "size_bytes": None, "routing": "prefix-affinity", "slots": None,
+            "max_queue": 100, "max_wait_s": 30.0, "aliases": [], "fallback": []}
+# autoscale's settings and defaults (catalog_scale.py Autoscale); all but busy_below are
+# durations.
+AUTOSCALE_DEFAULTS = {"wait_target_s": 2.0, "up_after_s": 30.0, "busy_below": 0.3,
+                      "down_after_s": 300.0, "cooldown_s": 60.0}
 PROFILE_SIZES = ("gpus", "tp", "pp", "nodes")
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_WHOLE_RE = re.compile(r"^\s*[+-]?\d+\s*$")
 
 
 def parse_duration(value):
@@ -32,6 +59,76 @@ def parse_duration(value):
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def _whole(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_int(value):
+    """A string of digits as the int it writes (a templated ``"{{ n }}"``); else as is."""
+    if isinstance(value, str) and _WHOLE_RE.match(value):
+        return int(value)
+    return value
+
+
+def replicas_value(value):
+    """``replicas`` as the entry sends it: a whole number or ``{min, max}``, strings of
+    digits read as numbers (as an ``int`` option would); anything else is sent as it is
+    for the server to refuse."""
+    if isinstance(value, dict):
+        return {k: _as_int(v) for k, v in value.items()}
+    return _as_int(value)
+
+
+def replica_fields(value, on_demand):
+    """(replicas, replicas_max, on_demand) as the server stores ``replicas: value`` with
+    ``on_demand`` (None: not set); the rule of catalog_scale.replicas_of. A combination the
+    server refuses keeps the raw value as ``replicas``, which no stored model has."""
+    said = on_demand
+    if isinstance(value, bool):     # yes/no: refused, and True would equal 1
+        return str(value).lower(), None, said is True
+    if not isinstance(value, dict):
+        return value, None, said is True
+    low, high = value.get("min"), value.get("max")
+    if set(value) != {"min", "max"} or not _whole(low) or not _whole(high) or low > high \
+            or (low == 0 and said is False) or (low > 0 and said is True):
+        return dict(value), None, said is True
+    return low, (high if high != low else None), said is True or low == 0
+
+
+def scales(replicas, replicas_max, on_demand):
+    """Whether the server scales the model (catalog_scale.scales): its max is above the
+    replicas it keeps while wanted (an on-demand model at least one)."""
+    if not _whole(replicas):
+        return False
+    floor = max(replicas, 1) if on_demand else replicas
+    return (replicas_max or 0) > floor
+
+
+def autoscale_fields(raw, replicas, replicas_max, on_demand):
+    """``autoscale`` as the server stores it: every setting in seconds with the defaults
+    filled in when the model scales, None when it does not. A setting the server refuses,
+    or autoscale on a model that does not scale, keeps the raw mapping, which no stored
+    model has."""
+    can_scale = scales(replicas, replicas_max, on_demand)
+    if raw is None:
+        return dict(AUTOSCALE_DEFAULTS) if can_scale else None
+    if not can_scale or not isinstance(raw, dict):
+        return raw
+    out = dict(AUTOSCALE_DEFAULTS)
+    for key, value in raw.items():
+        if key not in AUTOSCALE_DEFAULTS:
+            return raw
+        if key == "busy_below":
+            number = value if isinstance(value, (int, float)) \
+                and not isinstance(value, bool) else None
+        else:
+            number = parse_duration(value)
+        if number is None:
+            return raw
+        out[key] = float(number)
+    return out
+
+
 def normal_profile(profile):
     """A profile with the server's defaults filled in and unset options dropped."""
     profile = dict(profile or {})
@@ -43,39 +140,65 @@ def normal_profile(profile):
     return out
 
 
+def _float(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 def declared(params):
     """The entry the module's parameters declare: the PUT body and the compared fields.
 
-    Returns (entry, fields): ``entry`` goes into ``{"models": [entry]}``; ``fields`` is
-    comparable with ``stored()`` of the server's model.
+    Returns (entry, fields): ``entry`` goes into ``{"models": [entry]}`` and holds only the
+    fields set; ``fields`` is comparable with ``stored()`` of the server's model.
     """
-    profile = normal_profile(params.get("profile"))
-    replicas = params.get("replicas")
-    on_demand = params.get("on_demand")
-    args = [str(a) for a in (params.get("args") or [])]
     entry = {"name": params["name"], "source": params.get("source"),
-             "engine": params.get("engine"), "profile": profile,
-             "replicas": 1 if replicas is None else replicas,
-             "on_demand": bool(on_demand), "args": args}
-    idle = params.get("idle_stop_after")
-    if idle is not None:
-        entry["idle_stop_after"] = idle
-    fields = {k: entry[k] for k in FIELDS if k in entry}
+             "engine": params.get("engine"), "profile": normal_profile(params.get("profile"))}
+    for key in OPTIONAL:
+        if params.get(key) is not None:
+            entry[key] = params[key]
+    if "replicas" in entry:
+        entry["replicas"] = replicas_value(entry["replicas"])
+    if isinstance(entry.get("autoscale"), dict):
+        entry["autoscale"] = {k: v for k, v in entry["autoscale"].items() if v is not None}
+    if "args" in entry:
+        entry["args"] = [str(a) for a in entry["args"]]
+    return entry, comparable(entry)
+
+
+def comparable(entry):
+    """The compared fields of an entry, in the form the server stores them."""
+    fields = {k: entry.get(k, DEFAULTS.get(k)) for k in FIELDS}
+    replicas, replicas_max, on_demand = replica_fields(entry.get("replicas", 1),
+                                                       entry.get("on_demand"))
+    fields.update(replicas=replicas, replicas_max=replicas_max, on_demand=on_demand)
+    fields["autoscale"] = autoscale_fields(entry.get("autoscale"), replicas, replicas_max,
+                                           on_demand)
+    idle = entry.get("idle_stop_after")
     idle_s = parse_duration(idle)
     # An unparsable duration never equals the stored one: the server gets to refuse it.
     fields["idle_stop_after_s"] = idle_s if idle_s is not None or idle is None else idle
-    return entry, fields
+    if isinstance(fields["sha256"], str):
+        fields["sha256"] = fields["sha256"].lower()
+    fields["max_wait_s"] = _float(fields["max_wait_s"])
+    for key in ("args", "aliases", "fallback"):
+        fields[key] = list(fields[key])
+    return fields
 
 
 def stored(model):
-    """The compared fields of a model as the API returns it (None: not in the catalog)."""
+    """The compared fields of a model as the API returns it (None: not in the catalog).
+    A field the answer lacks (a control service older than it) counts as its default."""
     if not model:
         return {}
-    out = {k: model.get(k) for k in FIELDS}
+    out = {k: model.get(k, DEFAULTS.get(k)) for k in FIELDS}
     out["profile"] = normal_profile(model.get("profile"))
-    out["args"] = [str(a) for a in (model.get("args") or [])]
-    if out["idle_stop_after_s"] is not None:
-        out["idle_stop_after_s"] = float(out["idle_stop_after_s"])
+    for key in ("args", "aliases", "fallback"):
+        out[key] = [str(a) for a in (out[key] or [])]
+    for key in ("idle_stop_after_s", "max_wait_s"):
+        out[key] = _float(out[key])
+    if isinstance(out["autoscale"], dict):
+        out["autoscale"] = {k: _float(v) for k, v in out["autoscale"].items()}
     return out
 
 

@@ -12,10 +12,18 @@ description:
   - Creates, updates or deletes one entry of the catalog of an llmgw control service
     through its admin API.
   - O(state=present) reads the model (C(GET /api/v1/models/<name>)), compares the declared
-    fields with the stored definition after filling in the defaults the server fills in
-    (profile C(gpus), C(tp), C(pp) and C(nodes) 1, O(replicas) 1, O(on_demand) false,
-    O(args) empty), and only when they differ sends C(PUT /api/v1/catalog) with a catalog
-    that holds just this model. That call upserts; it never deletes other models.
+    fields with the stored definition, and only when they differ sends
+    C(PUT /api/v1/catalog) with a catalog that holds just this model. That call upserts; it
+    never deletes other models.
+  - "The comparison is made in the form the server stores. The fields left out take the
+    server's defaults (profile C(gpus), C(tp), C(pp) and C(nodes) 1, O(replicas) 1,
+    O(on_demand) false, O(strategy) C(binpack), O(routing) C(prefix-affinity),
+    O(max_queue) 100, O(max_wait_s) 30, the O(autoscale) settings' defaults for a model
+    that scales, no O(args), O(aliases) or O(fallback)). A O(replicas) range is compared as
+    the stored C(replicas) (its min), C(replicas_max) and C(on_demand); durations are
+    compared in seconds. A task run twice reports no change the second time."
+  - The fields and their rules are the catalog's (C(docs/catalog.md) of the llmgw
+    repository); the module types them and the server validates them.
   - O(state=absent) sends C(DELETE /api/v1/models/<name>) when the model exists.
   - The server validates the entry; a refused entry fails the task with the server's
     message and every problem it lists. The admin API is described in C(docs/api.md) of
@@ -37,6 +45,9 @@ notes:
     reach the control service."
   - In check mode an entry the server would refuse is still reported as a change; only
     a real run lets the server validate it.
+  - A declaration the server would refuse (for example O(on_demand=false) with a range
+    whose min is 0) is never taken as equal to the stored model; it is sent, and the task
+    fails with the server's message.
 options:
   control_url:
     description:
@@ -114,24 +125,146 @@ options:
         description: Device memory one replica needs, in GB.
         type: float
   replicas:
-    description: How many replicas to run. The server's default is 1.
-    type: int
+    description:
+      - How many replicas to run, as a whole number or as a range.
+      - "A number N keeps N running (min = max = N); 0 keeps the model in the catalog
+        with nothing running. The server's default is 1."
+      - "A range C({min: M, max: N}) (each 0 to 256, M at most N) lets the control service
+        scale the model between M and N on the routers' load, as O(autoscale) says.
+        C(min: 0) is on demand: no replica until the first request, as O(on_demand=true).
+        C({min: 2, max: 2}) is the same as C(2)."
+      - The server stores the min as C(replicas) and the max as C(replicas_max) (null
+        when fixed). A string of digits, such as a templated value, is read as a number.
+      - A range is accepted since 0.2.0; before, only a whole number.
+    type: raw
   on_demand:
     description:
-      - Start no replica until the first request for the model. The server's default is
-        false.
+      - Start no replica until the first request for the model, which starts O(replicas)
+        of them. The server's default is false.
+      - "With a range, C(min: 0) is on demand already; O(on_demand=true) with a min above
+        0, or O(on_demand=false) with a min of 0, is refused."
     type: bool
   idle_stop_after:
     description:
-      - For an on-demand model, stop its replicas after this long without a request,
-        for example C(30m), C(1h), C(90s) or a number of seconds.
+      - "For an on-demand model (O(on_demand=true) or a O(replicas) range with C(min: 0)),
+        stop its replicas after this long without a request, for example C(30m), C(1h),
+        C(90s) or a number of seconds."
       - The server stores it as seconds (C(idle_stop_after_s)); C(30m) and C(1800) are the
         same value.
     type: raw
+  autoscale:
+    description:
+      - "How the control service scales a model whose O(replicas) range leaves it room to
+        grow, like C({min: 1, max: 4}); refused on any other model (a number,
+        C({min: 0, max: 1}))."
+      - Every setting is optional and takes the server's default when left out. A duration
+        is a number of seconds or C(90s), C(2m), C(1h) (above 0, at most a day;
+        O(autoscale.wait_target_s) at most 3600); the server stores all of them in
+        seconds, so C(2m) and a stored C(120.0) are the same.
+      - Autoscaling is described in C(docs/autoscaling.md) of the llmgw repository.
+    type: dict
+    version_added: "0.2.0"
+    suboptions:
+      wait_target_s:
+        description:
+          - A replica is added when requests wait longer than this for a slot (the 90th
+            percentile) for O(autoscale.up_after_s). Must be below O(max_wait_s).
+          - The server's default is 2 seconds.
+        type: raw
+      up_after_s:
+        description:
+          - How long requests must wait longer than O(autoscale.wait_target_s) (or be
+            refused for capacity), without a break, before a replica is added.
+          - The server's default is 30 seconds.
+        type: raw
+      busy_below:
+        description:
+          - A replica is removed when under this share of the ready replicas' slots is
+            busy, with nothing waiting, for O(autoscale.down_after_s); between 0 and 1
+            (exclusive).
+          - The server's default is 0.3.
+        type: float
+      down_after_s:
+        description:
+          - How long the replicas must stay under O(autoscale.busy_below), without a break,
+            before one is removed.
+          - The server's default is 300 seconds.
+        type: raw
+      cooldown_s:
+        description:
+          - At least this long between two steps, up or down.
+          - The server's default is 60 seconds.
+        type: raw
   args:
-    description: Extra engine arguments, for example C(["--ctx-size", "8192"]).
+    description:
+      - Extra engine arguments, for example C(["--ctx-size", "8192"]). Flags the agent
+        owns (host, port, model path, ...) are refused.
     type: list
     elements: str
+  strategy:
+    description:
+      - Where the replicas go, C(binpack) (fill busy nodes first) or C(spread) (replicas on
+        different nodes). The server's default is C(binpack).
+    type: str
+    version_added: "0.2.0"
+  sha256:
+    description:
+      - For an C(https://) or C(file://) source, the weights' SHA-256 (64 hexadecimal
+        digits, C(sha256sum)'s output), checked after a download. Compared in lower case.
+    type: str
+    version_added: "0.2.0"
+  size_bytes:
+    description:
+      - For an C(https://) or C(file://) source, the weights' size in bytes, checked after
+        a download.
+    type: int
+    version_added: "0.2.0"
+  routing:
+    description:
+      - How a router picks among the replicas with a free slot, C(prefix-affinity)
+        (requests that share a prompt prefix go to the replica that has it cached) or
+        C(least-outstanding) (the replica with the fewest requests in flight). The
+        server's default is C(prefix-affinity).
+    type: str
+    version_added: "0.2.0"
+  slots:
+    description:
+      - Requests one replica serves at once, 1 to 4096; the agent launches the engine with
+        it (llama.cpp C(--parallel), vLLM C(--max-num-seqs)). Args that set that flag to
+        another number are refused.
+      - When not given, what the args set, else the engine's default.
+    type: int
+    version_added: "0.2.0"
+  max_queue:
+    description:
+      - Requests that may wait for a free slot, per model in each router (0 to 100000);
+        one more is refused at once with HTTP 429. 0 is no queue. The server's default is
+        100.
+    type: int
+    version_added: "0.2.0"
+  max_wait_s:
+    description:
+      - Seconds a request may wait for a slot (above 0, at most 3600); then it is refused
+        with HTTP 429. The server's default is 30.
+    type: float
+    version_added: "0.2.0"
+  aliases:
+    description:
+      - Other names clients may put in C(model) for this model (at most 16, the same
+        characters as O(name)), for example C([gpt-4o-mini]).
+      - An alias names one model only; an alias that is another model's name or alias is
+        refused.
+    type: list
+    elements: str
+    version_added: "0.2.0"
+  fallback:
+    description:
+      - Models this model's requests go to, in order, when it is parked, unplaceable or at
+        capacity (at most 8; each a model of the catalog, not this one). Their own
+        fallbacks are not followed.
+    type: list
+    elements: str
+    version_added: "0.2.0"
 """
 
 EXAMPLES = r"""
@@ -165,6 +298,52 @@ EXAMPLES = r"""
   delegate_to: localhost
   run_once: true
 
+# The next tasks take the connection from LLMGW_CONTROL_URL and LLMGW_ADMIN_TOKEN in the
+# environment of the host they run on (delegate_to: localhost: the controller).
+- name: Chat scaled between one and four replicas on its load
+  llmgw.cluster.llmgw_model:
+    name: chat
+    source: file:///srv/models/qwen2.5-7b-instruct-q4_k_m.gguf
+    engine: llama.cpp
+    profile: {class: a100-80g}
+    slots: 8
+    replicas: {min: 1, max: 4}
+    autoscale:
+      wait_target_s: 5
+      up_after_s: 1m
+      busy_below: 0.25
+      down_after_s: 15m
+      cooldown_s: 2m
+    max_wait_s: 20
+  delegate_to: localhost
+  run_once: true
+
+- name: On demand, up to three replicas, none after 30 idle minutes
+  llmgw.cluster.llmgw_model:
+    name: batch
+    source: file:///srv/models/llama-3.1-8b-instruct-q4_k_m.gguf
+    engine: llama.cpp
+    profile: {class: a100-80g}
+    replicas: {min: 0, max: 3}
+    idle_stop_after: 30m
+    strategy: spread
+  delegate_to: localhost
+  run_once: true
+
+- name: A model clients also reach as gpt-4o-mini, falling back to chat when busy
+  llmgw.cluster.llmgw_model:
+    name: qwen2.5-3b-instruct
+    source: https://models.example.net/qwen2.5-3b-instruct-q4_k_m.gguf
+    sha256: 0f3c5cbf6c4b8a3e9f1d2c7b6a5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e
+    engine: llama.cpp
+    profile: {class: cpu, memory_gb: 3}
+    aliases: [gpt-4o-mini, small-chat]
+    fallback: [chat]
+    routing: least-outstanding
+    max_queue: 0
+  delegate_to: localhost
+  run_once: true
+
 - name: Remove a model
   llmgw.cluster.llmgw_model:
     control_url: https://ctl1.example.net:8470
@@ -189,16 +368,31 @@ model:
     engine: llama.cpp
     profile: {class: h100-80g, gpus: 1, tp: 1, pp: 1, nodes: 1, memory_gb: 9.0}
     replicas: 2
+    replicas_max: 4
     on_demand: false
     idle_stop_after_s: null
+    autoscale: {wait_target_s: 2.0, up_after_s: 30.0, busy_below: 0.3, down_after_s: 300.0,
+                cooldown_s: 60.0}
     args: ["--ctx-size", "8192"]
+    strategy: binpack
+    sha256: null
+    size_bytes: null
+    routing: prefix-affinity
+    slots: 8
+    max_queue: 100
+    max_wait_s: 30.0
+    aliases: [qwen]
+    fallback: []
     state: starting
     reason: null
     ready: 0
     wanted: 2
     parked: false
 changed_fields:
-  description: The compared fields that differed (all of them for a new model).
+  description:
+    - The compared fields that differed (all of them for a new model), named as the
+      server stores them. A O(replicas) range shows as C(replicas) (its min),
+      C(replicas_max) and C(on_demand); O(idle_stop_after) as C(idle_stop_after_s).
   returned: always
   type: list
   elements: str
@@ -252,10 +446,23 @@ def argument_spec():
             gpus=dict(type="int"), tp=dict(type="int"), pp=dict(type="int"),
             nodes=dict(type="int"), memory_gb=dict(type="float"),
             **{"class": dict(type="str", required=True)})),
-        replicas=dict(type="int"),
+        replicas=dict(type="raw"),
         on_demand=dict(type="bool"),
         idle_stop_after=dict(type="raw"),
+        autoscale=dict(type="dict", options=dict(
+            wait_target_s=dict(type="raw"), up_after_s=dict(type="raw"),
+            busy_below=dict(type="float"), down_after_s=dict(type="raw"),
+            cooldown_s=dict(type="raw"))),
         args=dict(type="list", elements="str"),
+        strategy=dict(type="str"),
+        sha256=dict(type="str"),
+        size_bytes=dict(type="int"),
+        routing=dict(type="str"),
+        slots=dict(type="int"),
+        max_queue=dict(type="int"),
+        max_wait_s=dict(type="float"),
+        aliases=dict(type="list", elements="str"),
+        fallback=dict(type="list", elements="str"),
     )
 
 
