@@ -197,6 +197,14 @@ class StreamScan:
             self.tokens = found
 
     def _filter(self, complete: bytes) -> bytes:
+        if _USAGE not in complete and _FINISHED.search(complete) is None:
+            # No usage and no finishing chunk among these events (nearly every chunk of a
+            # stream): passed on as they are, after what was held, without splitting.
+            held = self._held
+            if held is None:
+                return complete
+            self._held = None
+            return held + complete
         out = []
         for event in _events(complete):
             if _USAGE in event:
