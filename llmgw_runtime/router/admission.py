@@ -33,10 +33,11 @@ consistent hashing with bounded loads alone (:func:`.affinity.choose`). Loads co
 each replica serves and has waiting for it. A request is admitted only at its home, or
 waits for a slot there even when another replica has one free: a cached home for as long
 as a request served away from its home takes (``fresh_s``: what moving costs, the prompt
-computed anew), at most half of ``max_wait_s``. A prefix not remembered is cached nowhere
-and takes the first free slot anywhere (waiting for the replica it was placed at left
-slots idle under overload); without the table, a hashed home waits
-:data:`SPILL_SERVICES` mean service times. After that any free slot will do, and the replica it ends up on is
+computed anew), another for :data:`SPILL_SERVICES` mean service times (leaving the slots
+elsewhere to the cached turns of those replicas); at most half of ``max_wait_s``. When more
+requests wait than the model has slots, one that is not cached anywhere takes the first
+free slot anywhere (keeping a slot free for a cached turn that may come only idles it
+then). After that any free slot will do, and the replica it ends up on is
 remembered as its home. When a slot frees, a waiting request cached at that replica goes
 first within the class served next (:meth:`~Admission._cached_turn`: shortest job first).
 The bounded load keeps a hot prefix from piling onto one replica (its home moves on once
@@ -231,15 +232,9 @@ class Admission:
             self._decide(victim, Rejected("queue_full", self._retry_after(m)), [])
         # A remembered home holds the prefix's cache: worth waiting for as long as
         # computing it anew elsewhere takes (a request served away from its home). A
-        # prefix not remembered is cached nowhere: the first free slot anywhere serves it
-        # as well as the one it was placed at (waiting there left slots idle under load).
-        # Without the table, the hashed home may hold it: wait a while for it.
-        if cached:
-            patience = m.fresh_s
-        elif self.homes is not None:
-            patience = 0.0
-        else:
-            patience = SPILL_SERVICES * m.service_s
+        # placed one waits a while too, leaving the slots elsewhere to the cached turns
+        # of their replicas, unless more requests wait than there are slots (_dispatch).
+        patience = m.fresh_s if cached else SPILL_SERVICES * m.service_s
         ticket = Ticket(next(self._ids), model, key_id, priority, prefix, now,
                         now + self.max_wait_s, home=home, cached=cached,
                         spill_at=now + min(self.max_wait_s / 2, patience))
@@ -331,6 +326,11 @@ class Admission:
         overdue on the way is refused instead (its client has stopped waiting)."""
         decided: list[Ticket] = []
         while m.waiting and any(n > self._inflight.get(rid, 0) for rid, n in m.slots.items()):
+            # More requests wait than the model has slots: every free slot will be
+            # wanted at once, so none is kept for a cached turn that may come; a request
+            # not cached anywhere takes it (waiting for its placed home left slots idle
+            # under overload). Cached turns still wait for their home.
+            crowded = m.waiting >= sum(m.slots.values())
             cached = self._cached_turn(m, now)
             if cached is not None:
                 self._admit_ticket(m, cached, cached.home, now, decided)  # type: ignore[arg-type]
@@ -341,7 +341,7 @@ class Admission:
                     self._decide(ticket, Rejected("timeout", self._retry_after(m)), decided)
                     break
                 at_home = ticket.home is not None and now < ticket.spill_at \
-                    and ticket.home in m.slots
+                    and ticket.home in m.slots and (ticket.cached or not crowded)
                 if at_home:
                     rid = self._room_at(m, ticket.home)  # type: ignore[arg-type]
                 else:

@@ -127,20 +127,25 @@ def test_a_turn_waits_for_its_cache_as_long_as_computing_it_anew_takes() -> None
     assert shell.admit("b", now=2.0, prefix=_key(22)) == Admitted(other)
 
 
-def test_a_first_turn_takes_the_first_slot_that_frees_anywhere() -> None:
-    """A prefix not remembered is cached nowhere: it waits for no replica in particular,
-    so a slot freed at either replica serves it at once (no slot idles under load)."""
+def test_a_first_turn_waits_for_its_placed_home_unless_more_wait_than_there_are_slots(
+) -> None:
+    """A prefix not remembered is cached nowhere. While few requests wait it waits a
+    while for the replica it was placed at, leaving the other replica's free slot to
+    that replica's cached turns; once more requests wait than there are slots, a slot
+    freed anywhere serves it at once (none idles under overload)."""
     shell = _remembering(max_wait_s=60.0)
     one_each = {"r1": 1, "r2": 1}
     shell.fill(one_each)                                   # both replicas busy
     queued = shell.queue("b", now=1.0, prefix=_key(41), replicas=one_each)
     assert not queued.cached
-    placed_at = queued.home
-    other = "r2" if placed_at == "r1" else "r1"
-    decided = shell.core.release(other, now=1.1)           # the other replica frees first
-    assert [t.id for t in decided] == [queued.id]
+    other = "r2" if queued.home == "r1" else "r1"
+    assert shell.core.release(other, now=1.1) == []        # 1 waits, 2 slots: it waits
+    assert shell.admit("filler", replicas=one_each, now=1.1) == Admitted(other)
+    crowd = shell.queue("c", now=1.2, prefix=_key(42), replicas=one_each)
+    assert not crowd.cached                                # now 2 wait for 2 slots
+    decided = shell.core.release(other, now=1.3)
+    assert [t.id for t in decided] == [queued.id]          # first come, at the other one
     assert decided[0].outcome == Admitted(other)
-    assert shell.core.in_flight(other) == 1
 
 
 def test_a_turn_whose_cache_is_at_the_freed_replica_goes_before_a_first_turn() -> None:
