@@ -22,11 +22,11 @@ request a cache miss, never a wrong answer.
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from collections.abc import Iterable
 
+from . import shm
 from .slots import stable_hash
 
 FILE_ENV = "LLMGW_HOMES_FILE"
@@ -38,27 +38,14 @@ SIZE = SETS * WAYS * _ENTRY.size    # 384 KiB
 
 def create_file(directory: str) -> str:
     """The empty table for one router, in ``directory`` (private: mode 0700)."""
-    path = os.path.join(directory, "homes")
-    with open(path, "wb") as f:
-        f.truncate(SIZE)
-    return path
+    return shm.create(directory, "homes", SIZE)
 
 
 class Homes:
     """The table over a shared map of the file, or over private memory."""
 
     def __init__(self, path: str | None = None) -> None:
-        self._buf: mmap.mmap | bytearray
-        if path is None:
-            self._buf = bytearray(SIZE)
-        else:
-            fd = os.open(path, os.O_RDWR)
-            try:
-                if os.fstat(fd).st_size != SIZE:
-                    raise ValueError(f"{path} is not a homes table of {SIZE} bytes")
-                self._buf = mmap.mmap(fd, SIZE)
-            finally:
-                os.close(fd)
+        self._buf = shm.mapped(path, SIZE, "homes table")
         self._tags: dict[str, int] = {}
 
     def get(self, key: bytes, replicas: Iterable[str]) -> str | None:

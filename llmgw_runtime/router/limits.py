@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import mmap
 import os
 import struct
 import time
@@ -33,6 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from . import shm
 from .slots import stable_hash
 
 FILE_ENV = "LLMGW_LIMITS_FILE"
@@ -138,10 +138,7 @@ def estimate_tokens(doc: dict[str, Any], body_bytes: int) -> int:
 
 def create_file(directory: str) -> str:
     """The empty table for one router, in ``directory`` (private: mode 0700)."""
-    path = os.path.join(directory, "limits")
-    with open(path, "wb") as f:
-        f.truncate(SIZE)
-    return path
+    return shm.create(directory, "limits", SIZE)
 
 
 class LimitTable:
@@ -149,17 +146,7 @@ class LimitTable:
     Callers hold the slot counts' lock."""
 
     def __init__(self, path: str | None = None) -> None:
-        self._buf: mmap.mmap | bytearray
-        if path is None:
-            self._buf = bytearray(SIZE)
-        else:
-            fd = os.open(path, os.O_RDWR)
-            try:
-                if os.fstat(fd).st_size != SIZE:
-                    raise ValueError(f"{path} is not a limits table of {SIZE} bytes")
-                self._buf = mmap.mmap(fd, SIZE)
-            finally:
-                os.close(fd)
+        self._buf = shm.mapped(path, SIZE, "limits table")
 
     def read(self, key_id: str) -> tuple[float, float, float] | None:
         """(at, rpm level, tpm level) of the key, or None when it is not remembered."""
