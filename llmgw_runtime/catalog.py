@@ -38,6 +38,7 @@ from .catalog_bounds import (
     brief_text,
     cap_problems,
     load_yaml,
+    unknown_fields,
 )
 from .catalog_names import NAME_RE, aliases_of, fallback_of, name_clashes
 from .catalog_scale import Autoscale, autoscale_of, replicas_of
@@ -190,10 +191,7 @@ def _profile(problems: list[str], who: str, raw: Any) -> Profile | None:
         problems.append(f"{who}: profile must be a mapping like "
                         f"{{class: a100-80g, gpus: 1}}, not {brief(raw)}")
         return None
-    for key in raw:
-        if key not in PROFILE_FIELDS:
-            problems.append(f"{who}: profile.{brief_text(key)} is not a known field; "
-                            f"known: {', '.join(PROFILE_FIELDS)}")
+    unknown_fields(problems, who, "profile.", raw, PROFILE_FIELDS)
     klass = raw.get("class")
     if not isinstance(klass, str) or len(klass) > MAX_CLASS_CHARS or not CLASS_RE.match(klass):
         problems.append(f"{who}: profile.class is required: a lower-case device class like "
@@ -229,10 +227,7 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
     name = raw.get("name")
     who = f"models[{index}] ({brief_text(name)})" if isinstance(name, str) else f"models[{index}]"
     before = len(problems)
-    for key in raw:
-        if key not in MODEL_FIELDS:
-            problems.append(f"{who}: {brief_text(key)} is not a known field; known: "
-                            f"{', '.join(MODEL_FIELDS)}")
+    unknown_fields(problems, who, "", raw, MODEL_FIELDS)
     if not isinstance(name, str) or len(name) > MAX_NAME_CHARS or not NAME_RE.match(name):
         problems.append(f"{who}: name {brief(name)} cannot be routed; use letters, digits and "
                         ". _ - : @ + / (no spaces, not starting with / or .), at most "

@@ -176,3 +176,13 @@ def load_yaml(text: str) -> Any:
     except ValueError as exc:   # e.g. an integer longer than Python converts
         raise CatalogError(f"the catalog holds a value that cannot be read: "
                            f"{str(exc)[:200]}; nothing was applied") from None
+
+
+def unknown_fields(problems: list[str], who: str, where: str, raw: dict[Any, Any],
+                   known: tuple[str, ...]) -> None:
+    """A problem for each key of ``raw`` not in ``known``; ``where`` prefixes the key
+    (``profile.``, ``autoscale.``, or nothing for a model's own fields)."""
+    for key in raw:
+        if key not in known:
+            problems.append(f"{who}: {where}{brief_text(key)} is not a known field; known: "
+                            f"{', '.join(known)}")

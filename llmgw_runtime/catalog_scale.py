@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .catalog_bounds import MAX_REPLICAS, MAX_WAIT_S, brief, brief_text
+from .catalog_bounds import MAX_REPLICAS, MAX_WAIT_S, brief, brief_text, unknown_fields
 
 MAX_AUTOSCALE_WINDOW_S = 86400.0      # up_after_s, down_after_s, cooldown_s: one day at most
 
@@ -140,10 +140,7 @@ def autoscale_of(problems: list[str], who: str, raw: Any, replicas: Replicas,
                         f"up_after_s: 30s}}, not {brief(raw)}")
         return None
     before = len(problems)
-    for key in raw:
-        if key not in AUTOSCALE_FIELDS:
-            problems.append(f"{who}: autoscale.{brief_text(key)} is not a known field; "
-                            f"known: {', '.join(AUTOSCALE_FIELDS)}")
+    unknown_fields(problems, who, "autoscale.", raw, AUTOSCALE_FIELDS)
     values: dict[str, float] = {}
     for key in _DURATIONS + ("wait_target_s",):
         if key not in raw:
