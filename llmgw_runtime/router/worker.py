@@ -101,8 +101,8 @@ class Connection:
         self.buf = bytearray()
         cfg = worker.cfg
         self.keepalive_s = float(cfg.keepalive or 0)
-        host, port = (listener.getsockname()[:2] if isinstance(listener.getsockname(), tuple)
-                      else (str(listener.getsockname()), ""))
+        name = listener.getsockname()
+        host, port = name[:2] if isinstance(name, tuple) else (str(name), "")
         self.base = {
             "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if cfg.is_ssl else "http",
             "wsgi.errors": sys.stderr, "wsgi.multithread": True,
@@ -301,6 +301,7 @@ class Connection:
               keep: bool, head_only: bool, environ: dict[str, Any]) -> bool:
         status, headers = started
         length = None
+        dated = False
         lines = [f"HTTP/1.1 {status}\r\n"]
         for name, value in headers:
             if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
@@ -315,8 +316,10 @@ class Connection:
                 continue
             elif low == "transfer-encoding":
                 continue
+            elif low == "date":
+                dated = True
             lines.append(f"{name}: {value}\r\n")
-        if "Date" not in (name for name, _ in headers):
+        if not dated:
             lines.append(f"Date: {_Date.now()}\r\n")
         whole: list[bytes] | None = None
         if isinstance(answer, list | tuple):
