@@ -9,7 +9,7 @@ import sys
 from typing import TextIO
 
 from ..security import hash_token, new_token
-from ..store import Store, repo
+from ..store import Store, accounts, repo
 from .config import ControlConfig
 
 log = logging.getLogger(__name__)
@@ -31,14 +31,14 @@ def bootstrap(store: Store, config: ControlConfig, out: TextIO | None = None) ->
         for name, kind, field in SECRETS:
             given = getattr(config, field)
             if given:
-                if repo.put_account(conn, name, kind, hash_token(given), now):
+                if accounts.put_account(conn, name, kind, hash_token(given), now):
                     repo.add_event(conn, now, "token", name,
                                    f"the {name} token was rotated at start-up; the old one "
                                    "is refused" + (" and its console sessions ended"
                                                    if kind == "admin" else ""))
-            elif not repo.account_exists(conn, name):
+            elif not accounts.account_exists(conn, name):
                 token = new_token(kind)
-                repo.put_account(conn, name, kind, hash_token(token), now)
+                accounts.put_account(conn, name, kind, hash_token(token), now)
                 generated[name] = token
     for name, token in generated.items():
         print(f"llmgw: generated the {name} token (shown once; store it now): {token}",

@@ -19,7 +19,7 @@ from flask import Response, current_app, g, redirect, request
 
 from ..errors import ForbiddenError
 from ..security import hash_token
-from ..store import repo, sessions
+from ..store import accounts, sessions
 from . import throttle
 from .web import clock, store
 
@@ -126,7 +126,7 @@ def admin_of(token: str) -> tuple[str | None, str]:
     if not token.strip():
         return None, "enter the admin token"
     with store().begin() as conn:
-        account = repo.account_by_hash(conn, hash_token(token.strip()))
+        account = accounts.account_by_hash(conn, hash_token(token.strip()))
     if account is None:
         return None, ("that token matches no account of this control service; use the "
                       "admin token (LLMGW_ADMIN_TOKEN, or the one `llmgw server` showed "

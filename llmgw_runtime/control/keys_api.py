@@ -40,7 +40,7 @@ def key_info(row: Any, now: float) -> dict[str, Any]:
     expires_at = row.expires_at
     rpm, tpm = accounts.key_limits(row)
     return {"name": row.name.removeprefix("key:"), "created": row.created,
-            "priority": row.priority, "models": repo.key_models(row),
+            "priority": row.priority, "models": accounts.key_models(row),
             "expires_at": expires_at,
             "expired": expires_at is not None and expires_at <= now,
             "rpm": rpm, "tpm": tpm}
@@ -74,14 +74,14 @@ def create_key() -> Any:
     key = new_token("api_key")
     with store().begin() as conn:
         now = now_of(conn)
-        if repo.account_exists(conn, account):
+        if accounts.account_exists(conn, account):
             raise ConflictError(f"an API key named {name!r} exists; pick another name")
         expires_at = None if spec.expires_in_s is None else now + spec.expires_in_s
         models = None if spec.models is None else sorted(set(spec.models))
-        repo.put_account(conn, account, "api_key", hash_token(key), now,
+        accounts.put_account(conn, account, "api_key", hash_token(key), now,
                          priority=spec.priority, models=models, expires_at=expires_at)
         if spec.rpm is not None or spec.tpm is not None:
-            made = repo.account_by_hash(conn, hash_token(key))
+            made = accounts.account_by_hash(conn, hash_token(key))
             assert made is not None        # just made, in this transaction
             accounts.set_key_limits(conn, made.id, rpm=spec.rpm, tpm=spec.tpm)
         what = describe(models, expires_at, now, spec.rpm, spec.tpm)
@@ -97,7 +97,7 @@ def create_key() -> Any:
 def list_keys() -> Any:
     with store().begin() as conn:
         now = now_of(conn)
-        rows = repo.accounts_of_kind(conn, "api_key")
+        rows = accounts.accounts_of_kind(conn, "api_key")
     return jsonify({"keys": [key_info(r, now) for r in rows]})
 
 
@@ -126,7 +126,7 @@ def update_key(name: str) -> Any:
         if change.expires_in_s is not None:
             fields["expires_at"] = (None if change.expires_in_s == "never"
                                     else now + change.expires_in_s)
-        row = repo.update_key(conn, f"key:{name}", "api_key", priority=change.priority,
+        row = accounts.update_key(conn, f"key:{name}", "api_key", priority=change.priority,
                               **fields)
         if row is None:
             raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
@@ -134,7 +134,7 @@ def update_key(name: str) -> Any:
         accounts.set_key_limits(conn, row.id, **limits)
         for line in _changes(row, change.priority, {**fields, **limits}, now):
             repo.add_event(conn, now, "key", name, f"{line} by {by_whom()}")
-        updated = repo.account_by_hash(conn, row.token_hash)
+        updated = accounts.account_by_hash(conn, row.token_hash)
     return jsonify(key_info(updated, now))
 
 
@@ -152,7 +152,7 @@ def _changes(row: Any, priority: str | None, fields: dict[str, Any], now: float
                          f"{'none' if fields[kind] is None else fields[kind]}")
     if priority is not None and priority != row.priority:
         lines.append(f"API key priority {row.priority} -> {priority}")
-    if "models" in fields and fields["models"] != repo.key_models(row):
+    if "models" in fields and fields["models"] != accounts.key_models(row):
         models = fields["models"]
         lines.append("API key limited to " + ", ".join(models) if models is not None
                      else "API key may use every model")
@@ -168,7 +168,7 @@ def _changes(row: Any, priority: str | None, fields: dict[str, Any], now: float
 def delete_key(name: str) -> Any:
     """Delete the API key ``name``; routers refuse it from their next routes refresh."""
     with store().begin() as conn:
-        if not repo.delete_account(conn, f"key:{name}", "api_key"):
+        if not accounts.delete_account(conn, f"key:{name}", "api_key"):
             raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
                                 "list`")
         repo.add_event(conn, now_of(conn), "key", name, f"API key deleted by {by_whom()}")

@@ -14,7 +14,7 @@ from ..api.router import ActivateRequest, IdleMap, Unreachable
 from ..api.states import ReplicaState
 from ..catalog import spec_from_row
 from ..engines.slots import slots_of
-from ..store import repo
+from ..store import accounts, repo
 from . import capacity, fleet
 from .identity import url_host
 from .states import model_state, start_streak
@@ -32,7 +32,7 @@ def routes() -> Any:
         models = repo.list_models(conn)
         nodes = {n.name: n for n in repo.list_nodes(conn)}
         replicas = repo.list_replicas(conn)
-        keys = repo.accounts_of_kind(conn, "api_key")
+        keys = accounts.accounts_of_kind(conn, "api_key")
     by_model: dict[str, list[Any]] = defaultdict(list)
     for rep in replicas:
         by_model[rep.model].append(rep)
@@ -69,7 +69,7 @@ def routes() -> Any:
     return jsonify({"models": out, "api_key_hashes": [k.token_hash for k in keys],
                     "key_priorities": {k.token_hash: k.priority for k in keys
                                        if k.priority != "normal"},
-                    "key_models": {k.token_hash: repo.key_models(k) for k in keys
+                    "key_models": {k.token_hash: accounts.key_models(k) for k in keys
                                    if k.models is not None},
                     "key_expires_in_s": {k.token_hash: k.expires_at - now for k in keys
                                          if k.expires_at is not None},

@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 from ..api.parse import InvalidJSON, decode
 from ..errors import AuthError, ForbiddenError, LlmgwError, ValidationError
 from ..security import PREFIXES, bearer, hash_token
-from ..store import Store, repo
+from ..store import Store, accounts, repo
 from .decide import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -162,7 +162,7 @@ def authenticate(conn: Any) -> None:
     if g.token.startswith(PREFIXES["node"]):
         node = repo.node_by_credential(conn, token_hash)
     else:
-        account = repo.account_by_hash(conn, token_hash)
+        account = accounts.account_by_hash(conn, token_hash)
     kind = account.kind if account else ("node" if node else None)
     guesses, address = of(current_app.extensions), request.remote_addr or "-"
     if kind is None:

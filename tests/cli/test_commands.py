@@ -18,7 +18,7 @@ from llmgw_runtime.control.bootstrap import bootstrap
 from llmgw_runtime.control.config import ControlConfig
 from llmgw_runtime.security import hash_token
 from llmgw_runtime.status.telling import telling_line
-from llmgw_runtime.store import Store, repo
+from llmgw_runtime.store import Store, accounts, repo
 from tests.control.conftest import ADMIN, CPU, JOIN, ROUTER, served
 from tests.store.test_admission_store import head
 
@@ -144,7 +144,7 @@ def test_ctl_never_prints_an_escape_sequence_it_was_sent(control: str, store: St
     evil = "\x1b[2J"
     put_node(store, f"n{evil}")
     with store.begin() as conn:
-        repo.put_account(conn, f"key:k{evil}", "api_key", hash_token("k"), time.time())
+        accounts.put_account(conn, f"key:k{evil}", "api_key", hash_token("k"), time.time())
         repo.add_event(conn, time.time(), "node", f"n{evil}", f"said\n{evil}hello")
     outputs = {args: ctl(control, *args) for args in (
         ("nodes",), ("keys", "list"), ("events",), ("status",), ("status", "--color"),

@@ -15,7 +15,7 @@ from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.bootstrap import bootstrap
 from llmgw_runtime.router.app import create_app as create_router
 from llmgw_runtime.router.config import RouterConfig
-from llmgw_runtime.store import repo
+from llmgw_runtime.store import accounts, repo
 from llmgw_runtime.store.schema import console_sessions, nodes
 
 from .conftest import ADMIN, ROUTER, Api, served
@@ -207,5 +207,5 @@ def test_an_account_that_is_no_longer_an_admin_keeps_no_session(api: Api,
                                                                kind: str) -> None:
     assert api.client.post("/console/login", data={"token": ADMIN}).status_code == 303
     with api.store.begin() as conn:
-        repo.put_account(conn, "admin", kind, "0" * 64, time.time())
+        accounts.put_account(conn, "admin", kind, "0" * 64, time.time())
     assert api.client.get("/console/").status_code == 303

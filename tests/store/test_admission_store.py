@@ -11,7 +11,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from llmgw_runtime import catalog
-from llmgw_runtime.store import Store, repo
+from llmgw_runtime.store import Store, accounts, repo
 from llmgw_runtime.store.db import MIGRATIONS
 
 CAT = """models:
@@ -55,7 +55,7 @@ def test_a_store_at_0007_keeps_its_rows_with_the_defaults(store_url: str) -> Non
             row = repo.get_model(conn, "old")
             assert row is not None
             spec = catalog.spec_from_row(row)
-            [key] = repo.accounts_of_kind(conn, "api_key")
+            [key] = accounts.accounts_of_kind(conn, "api_key")
         assert (row.routing, row.slots, row.max_queue, row.max_wait_s) == (
             "prefix-affinity", None, 100, 30.0)
         assert (row.capacity_at, row.capacity) == (None, None)
@@ -86,11 +86,11 @@ def test_admission_settings_round_trip_and_a_change_is_an_update(store: Store) -
 
 def test_key_priority_is_stored_and_changed(store: Store) -> None:
     with store.begin() as conn:
-        repo.put_account(conn, "key:vip", "api_key", "h1", 1.0, priority="high")
-        repo.put_account(conn, "key:app", "api_key", "h2", 1.0)
-        before = repo.update_key(conn, "key:app", "api_key", priority="low")
-        missing = repo.update_key(conn, "key:nope", "api_key", priority="low")
-        rows = {r.name: r.priority for r in repo.accounts_of_kind(conn, "api_key")}
+        accounts.put_account(conn, "key:vip", "api_key", "h1", 1.0, priority="high")
+        accounts.put_account(conn, "key:app", "api_key", "h2", 1.0)
+        before = accounts.update_key(conn, "key:app", "api_key", priority="low")
+        missing = accounts.update_key(conn, "key:nope", "api_key", priority="low")
+        rows = {r.name: r.priority for r in accounts.accounts_of_kind(conn, "api_key")}
     assert before is not None and before.priority == "normal" and missing is None
     assert rows == {"key:vip": "high", "key:app": "low"}
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from llmgw_runtime.security import hash_token
-from llmgw_runtime.store import Store, repo, sessions
+from llmgw_runtime.store import Store, accounts, sessions
 from llmgw_runtime.store.schema import console_sessions
 
 
 def admin(store: Store, name: str = "admin", kind: str = "admin") -> None:
     with store.begin() as conn:
-        repo.put_account(conn, name, kind, hash_token(f"token-of-{name}"), 1.0)
+        accounts.put_account(conn, name, kind, hash_token(f"token-of-{name}"), 1.0)
 
 
 def test_a_session_is_found_by_its_raw_id_and_only_its_hash_is_stored(store: Store) -> None:
@@ -84,7 +84,7 @@ def test_a_new_token_for_an_account_ends_its_sessions_and_only_its(store: Store)
     admin(store, "admin")                           # the same token again: nothing ends
     with store.begin() as conn:
         assert sessions.get(conn, mine, 1.0) is not None
-        repo.put_account(conn, "admin", "admin", hash_token("rotated"), 2.0)
+        accounts.put_account(conn, "admin", "admin", hash_token("rotated"), 2.0)
     with store.begin() as conn:
         assert sessions.get(conn, mine, 3.0) is None
         assert sessions.get(conn, theirs, 3.0) is not None
@@ -109,10 +109,10 @@ def test_deleting_an_account_ends_its_sessions(store: Store) -> None:
     admin(store, "admin")
     with store.begin() as conn:
         raw, _ = sessions.create(conn, "admin", 0.0, 1000)
-        assert not repo.delete_account(conn, "admin", "api_key")   # wrong kind: kept
+        assert not accounts.delete_account(conn, "admin", "api_key")   # wrong kind: kept
         assert sessions.get(conn, raw, 1.0) is not None
-        assert repo.delete_account(conn, "key:ci", "api_key")
-        assert not repo.delete_account(conn, "key:ci", "api_key")
-        assert repo.delete_account(conn, "admin", "admin")
+        assert accounts.delete_account(conn, "key:ci", "api_key")
+        assert not accounts.delete_account(conn, "key:ci", "api_key")
+        assert accounts.delete_account(conn, "admin", "admin")
         assert sessions.get(conn, raw, 1.0) is None
-        assert repo.accounts_of_kind(conn, "api_key") == []
+        assert accounts.accounts_of_kind(conn, "api_key") == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from llmgw_runtime.store import Store, repo
+from llmgw_runtime.store import Store, accounts, repo
 
 from .test_admission_store import alembic, head
 
@@ -21,11 +21,11 @@ def test_a_store_at_0008_keeps_its_keys_unscoped_and_unexpiring(store_url: str) 
                 "VALUES ('key:app', 'api_key', 'x', 0, 1, 'high')"))
         assert store.migrate() == head()
         with store.begin() as conn:
-            [key] = repo.accounts_of_kind(conn, "api_key")
-            assert (repo.key_models(key), key.expires_at, key.priority) == (None, None, "high")
-            repo.update_key(conn, "key:app", "api_key", models=["b", "a"], expires_at=99.5)
-            [key] = repo.accounts_of_kind(conn, "api_key")
-            assert (repo.key_models(key), key.expires_at) == (["a", "b"], 99.5)
+            [key] = accounts.accounts_of_kind(conn, "api_key")
+            assert (accounts.key_models(key), key.expires_at, key.priority) == (None, None, "high")
+            accounts.update_key(conn, "key:app", "api_key", models=["b", "a"], expires_at=99.5)
+            [key] = accounts.accounts_of_kind(conn, "api_key")
+            assert (accounts.key_models(key), key.expires_at) == (["a", "b"], 99.5)
         alembic(store, "downgrade", "0008")
         with store.engine.connect() as conn:
             columns = {c["name"] for c in sa.inspect(conn).get_columns("accounts")}

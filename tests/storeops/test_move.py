@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from llmgw_runtime import catalog
-from llmgw_runtime.store import Store, repo
+from llmgw_runtime.store import Store, accounts, repo
 from llmgw_runtime.store.schema import events
 from llmgw_runtime.storeops.move import (
     TABLES,
@@ -52,8 +52,8 @@ def populate(store: Store, events_n: int = 3) -> None:
         repo.add_replica(conn, "r-small-1", "small", "gpu2", (2,), 1700000004.0)
         for i in range(events_n):
             repo.add_event(conn, 1700000005.0 + i, "placement", "big", f"placed #{i} ✓")
-        repo.put_account(conn, "admin", "admin", "a" * 64, 1700000006.0)
-        repo.put_account(conn, "app", "api_key", "b" * 64, 1700000007.0)
+        accounts.put_account(conn, "admin", "admin", "a" * 64, 1700000006.0)
+        accounts.put_account(conn, "app", "api_key", "b" * 64, 1700000007.0)
         repo.try_lease(conn, "reconciler", "host:1:abc", 1700000008.0, 10.0)
 
 
