@@ -32,6 +32,8 @@ import gevent.queue
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed, HTTPSocketPoolResponse
 
+from .rawsock import receiver
+
 BLOCK = 65536
 RESOLVE_TTL_S = 10.0     # an upstream's address is looked up again after this long
 _UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
@@ -90,10 +92,11 @@ class Answer:
         its pool at the end, or is closed when the caller stops early (:meth:`close`).
 
         Between chunks it waits for the socket to be readable on one watcher and one
-        timer made for the whole stream (the socket's own ``recv`` would first try a read
-        that finds nothing, then make a new timeout for every wait: a fifth of the
-        router's CPU per chunk of a paced stream). No data for the pool's network timeout
-        breaks the stream off, as the socket's timeout would."""
+        timer made for the whole stream, and then reads the OS socket (the gevent
+        socket's own ``recv`` would first try a read that finds nothing, then make a new
+        timeout for every wait: a fifth of the router's CPU per chunk of a paced stream).
+        No data for the pool's network timeout breaks the stream off, as the socket's
+        timeout would."""
         resp = self._resp
         readable = stalled = None
         try:
@@ -110,20 +113,24 @@ class Answer:
                 if readable is None:
                     hub = gevent.get_hub()
                     readable = hub.loop.io(sock.fileno(), 1)
-                    stalled = gevent.Timeout(self._timeout_s, TimeoutError(
-                        f"no data from the engine for {self._timeout_s:g} s"))
+                    stalled = hub.loop.timer(self._timeout_s)
+                    throw = gevent.getcurrent().throw
+                    why = TimeoutError(f"no data from the engine for {self._timeout_s:g} s")
+                    receive = receiver(sock)
                 assert stalled is not None
-                stalled.start()
+                stalled.start(throw, why)
                 try:
                     hub.wait(readable)
                 finally:
-                    stalled.cancel()
-                data = sock.recv(BLOCK)
-                if not data:
+                    stalled.stop()
+                got = receive(BLOCK)
+                if got is None:
+                    continue          # woken, but nothing to read after all
+                if not got:
                     if resp.message_complete:
                         break
                     raise HTTPConnectionClosed("the engine closed the connection mid-answer")
-                resp.feed(data)
+                resp.feed(got)
         except (OSError, HTTPConnectionClosed, gevent.Timeout) as exc:
             self.close()
             raise BrokeOff(describe(exc)) from None

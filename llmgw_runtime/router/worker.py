@@ -41,6 +41,8 @@ from urllib.parse import unquote_to_bytes
 from gunicorn import util
 from gunicorn.workers.ggevent import GeventWorker
 
+from .rawsock import sender
+
 MAX_HEAD = 65536              # bytes of request line and headers
 MAX_REQUEST_LINE = 8190
 MAX_HEADERS = 100
@@ -98,6 +100,7 @@ class Connection:
     def __init__(self, worker: Any, sock: Any, addr: Any, listener: Any) -> None:
         self.worker = worker
         self.sock = sock
+        self.sendall = sender(sock)
         self.buf = bytearray()
         cfg = worker.cfg
         self.keepalive_s = float(cfg.keepalive or 0)
@@ -343,25 +346,25 @@ class Connection:
         lines.append("\r\n")
         started[0] = _SENT
         head = "".join(lines).encode("latin-1")
-        sock = self.sock
+        sendall = self.sendall
         if head_only:
-            sock.sendall(head)
+            sendall(head)
             return keep
         if whole is not None:
-            sock.sendall(head + b"".join(whole))
+            sendall(head + b"".join(whole))
             return keep
         pending: bytes | None = head
-        for part in _chain(legacy, answer):
+        for part in (_chain(legacy, answer) if legacy else answer):
             if not part:
                 continue
             if chunked:
                 part = b"%x\r\n%b\r\n" % (len(part), part)
             if pending is not None:
                 part, pending = pending + part, None
-            sock.sendall(part)
+            sendall(part)
         tail = b"0\r\n\r\n" if chunked else b""
         if pending is not None or tail:
-            sock.sendall((pending or b"") + tail)
+            sendall((pending or b"") + tail)
         return keep
 
 

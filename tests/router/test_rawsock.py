@@ -1,0 +1,49 @@
+"""The router's sends and reads straight on the OS socket (router/rawsock.py): what a
+slow client or a spurious wake-up would otherwise lose."""
+
+from __future__ import annotations
+
+import socket
+
+import gevent
+import gevent.socket
+
+from llmgw_runtime.router.rawsock import os_socket, receiver, sender
+
+
+def test_a_send_larger_than_the_kernel_takes_arrives_whole_and_in_order() -> None:
+    a, b = gevent.socket.socketpair()
+    data = bytes(range(256)) * 16384          # 4 MiB: far over a socket pair's buffer
+    got = bytearray()
+
+    def slow_reader() -> None:
+        while len(got) < len(data):
+            gevent.sleep(0.001)
+            got.extend(b.recv(65536))
+
+    reader = gevent.spawn(slow_reader)
+    sender(a)(data)
+    reader.join(timeout=30)
+    assert bytes(got) == data
+    a.close()
+    b.close()
+
+
+def test_a_read_after_a_spurious_wake_up_says_none_rather_than_blocking() -> None:
+    a, b = gevent.socket.socketpair()
+    receive = receiver(b)
+    assert receive(100) is None               # nothing sent yet: would block
+    a.sendall(b"hello")
+    gevent.sleep(0)
+    assert receive(100) == b"hello"
+    a.close()
+    assert receive(100) == b""                # the peer closed
+    b.close()
+
+
+def test_a_socket_that_is_not_a_plain_gevent_one_keeps_its_own_methods() -> None:
+    a, b = socket.socketpair()                # the stdlib's: blocking, no OS socket below
+    assert os_socket(a) is None
+    assert sender(a) == a.sendall
+    a.close()
+    b.close()
