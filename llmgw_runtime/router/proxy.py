@@ -1,6 +1,6 @@
 """Forwarding one request to an engine replica, streaming its answer back.
 
-Connections come from :mod:`.upstream` (a keep-alive pool per upstream on geventhttpclient,
+Connections come from :mod:`.upstream` (a keep-alive pool per upstream on gevent sockets,
 made lazily in the worker after gevent has patched). Streams pass through chunk by chunk as
 they arrive; a client that goes away closes the half-read upstream connection instead of
 returning it to the pool. A replica that cannot be connected to is marked down in this

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gevent._socket3 import socket as _GeventSocket
+from gevent.socket import socket as _GeventSocket
 
 
 def os_socket(sock: Any) -> Any | None:

@@ -1,43 +1,56 @@
-"""HTTP/1.1 to the engines: one keep-alive connection pool per upstream, on geventhttpclient.
+"""HTTP/1.1 to the engines: one keep-alive connection pool per upstream, on gevent sockets.
 
-geventhttpclient parses with llhttp (C) and costs about 120 us of CPU per proxied request
-against about 330 us for urllib3 over http.client (measured on these machines: 4,000
-sequential POSTs to the fake engine under gevent; ../shared/recipes/router-gevent.md has
-the same ranking). Pools are made lazily in the worker (after gevent patched).
+The router sends one kind of request (a POST with a body it has read whole) and reads
+answers of three framings (a length, chunks, or up to the close), so it speaks just that
+much HTTP itself. The request goes out in one send; the answer's head is parsed in one
+pass; a streamed answer's chunks are decoded as they arrive, each read straight on the OS
+socket after one wait for it to be readable (:mod:`.rawsock`). Measured with
+``../shared/bench-proxy``'s engine, the router's CPU per proxied request and per relayed
+stream chunk were what geventhttpclient spent on building its request, on a Python
+callback per header field and per body piece, and on a ``select`` for every pooled
+connection it handed out; docs/performance.md has the numbers.
+
+An engine is trusted no further than its answer's shape: a head over :data:`MAX_HEAD`
+bytes or :data:`MAX_HEADERS` fields, a malformed status line, two lengths, or a chunk
+size that is not hex breaks the answer off with a message saying so.
 
 Failures are sorted by what a caller may do about them:
 
-- :class:`Unreachable`: no connection could be made (refused, no route, connect timeout):
+- :class:`Unreachable`: no connection could be made (refused, no route, no such host):
   nothing reached the engine; the replica may be marked down.
-- :class:`FailedBeforeAnswer`: connected, but the engine answered nothing (a reset of a
-  reused keep-alive connection, a close): the request may be tried once more elsewhere.
+- :class:`FailedBeforeAnswer`: connected, but the engine answered nothing (a reset, a
+  close, a timeout): the request may be tried once more elsewhere. A kept-alive
+  connection the engine closed as it was reused (llama.cpp closes idle ones after 5 s)
+  is not that: the request is sent once more on a new connection first.
 - :class:`BrokeOff`: the answer started and then broke: too late to retry.
-
-Streams: geventhttpclient's own iterator waits for a full block; :meth:`Answer.chunks`
-yields whatever has arrived (an SSE event as soon as its bytes do).
 """
 
 from __future__ import annotations
 
 import errno
+import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import gevent
-import gevent.queue
-from geventhttpclient import HTTPClient
-from geventhttpclient.response import HTTPConnectionClosed, HTTPSocketPoolResponse
+import gevent.socket
+from gevent import ssl as gssl
 
-from .rawsock import receiver
+from .rawsock import os_socket, receiver, sender
 
 BLOCK = 65536
-RESOLVE_TTL_S = 10.0     # an upstream's address is looked up again after this long
+MAX_HEAD = 65536          # bytes of an answer's status line and headers
+MAX_HEADERS = 100
+MAX_CHUNK_LINE = 4096     # a chunk-size line, extensions included
+RESOLVE_TTL_S = 10.0      # an upstream's address is looked up again after this long
 _UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                                  errno.EADDRNOTAVAIL})
+_SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")
+_SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,16})\r\n")
 
 
 class UpstreamFailure(Exception):
@@ -56,105 +69,307 @@ class BrokeOff(UpstreamFailure):
     """The answer started, then broke off."""
 
 
+class _Closed(Exception):
+    """The engine closed the connection before its answer's head was complete."""
+
+
+class Malformed(Exception):
+    """The engine's answer is not HTTP/1.1 as the router reads it."""
+
+
 def describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:300]
 
 
+class _Link:
+    """One connection to an engine, with what has been read from it and not yet used."""
+
+    __slots__ = ("sock", "buf", "sendall", "_receive", "_tls", "_io", "_timer", "_why")
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.sendall = sender(sock)
+        self._receive = receiver(sock)
+        self._tls = os_socket(sock) is None
+        self._io: Any = None
+        self._timer: Any = None
+        self._why: TimeoutError | None = None
+
+    def fill(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for more of the answer and add it to the buffer;
+        False when the engine closed the connection. No data for ``timeout_s`` raises
+        TimeoutError."""
+        if self._tls:              # the TLS object may hold data the socket does not show
+            self.sock.settimeout(timeout_s)
+            got = self.sock.recv(BLOCK)
+        else:
+            if self._io is None:
+                loop = gevent.get_hub().loop
+                self._io = loop.io(self.sock.fileno(), 1)
+                self._timer = loop.timer(timeout_s)
+                self._why = TimeoutError(f"no data from the engine for {timeout_s:g} s")
+            while True:
+                self._timer.start(gevent.getcurrent().throw, self._why)
+                try:
+                    gevent.get_hub().wait(self._io)
+                finally:
+                    self._timer.stop()
+                got = self._receive(BLOCK)
+                if got is not None:
+                    break          # else: woken, but nothing to read after all
+        if not got:
+            return False
+        self.buf += got
+        return True
+
+    def idle(self) -> None:
+        """Between answers: the watchers go (a pooled connection holds none)."""
+        if self._io is not None:
+            self._io.close()
+            self._timer.close()
+            self._io = self._timer = None
+
+    def alive(self) -> bool:
+        """Whether an idle pooled connection is still open: a peek that finds nothing to
+        read (the engine neither closed it nor sent anything unasked)."""
+        raw = os_socket(self.sock)
+        if raw is None:
+            return True            # TLS: a stale one fails its request, which is resent
+        try:
+            raw.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False               # closed (b""), or bytes nobody asked for
+
+    def close(self) -> None:
+        self.idle()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _Pool:
+    """Idle keep-alive connections to one upstream (the most recently used first)."""
+
+    def __init__(self, url: str, connect_timeout: float, maxsize: int) -> None:
+        parts = urlsplit(url)
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if self.tls else 80)
+        self.authority = parts.netloc.rpartition("@")[2] or self.host
+        self._connect_timeout = connect_timeout
+        self._maxsize = maxsize
+        self._idle: list[_Link] = []
+        self._resolved: tuple[float, list[Any]] | None = None
+        self._context = gssl.create_default_context() if self.tls else None
+
+    def get(self) -> tuple[_Link, bool]:
+        """A connection, and whether it was used before."""
+        while self._idle:
+            link = self._idle.pop()
+            if link.alive():
+                return link, True
+            link.close()
+        return _Link(self._connect()), False
+
+    def put(self, link: _Link) -> None:
+        link.idle()
+        if len(self._idle) < self._maxsize:
+            self._idle.append(link)
+        else:
+            link.close()
+
+    def drop_idle(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+    def _addresses(self) -> list[Any]:
+        """The upstream's addresses, looked up at most every :data:`RESOLVE_TTL_S` (under
+        gevent each lookup is a trip through the resolver's thread pool, even for an IP
+        address: a tenth of the router's CPU while a thousand streams open their
+        connections)."""
+        now = time.monotonic()
+        if self._resolved is None or now - self._resolved[0] > RESOLVE_TTL_S:
+            found = gevent.socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)
+            self._resolved = (now, [(f, a) for f, _, _, _, a in found])
+        return self._resolved[1]
+
+    def _connect(self) -> Any:
+        last: OSError | None = None
+        for family, address in self._addresses():
+            sock = gevent.socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self._connect_timeout)
+                sock.connect(address)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._context is not None:
+                    sock = self._context.wrap_socket(sock, server_hostname=self.host)
+                sock.settimeout(None)
+                return sock
+            except OSError as exc:
+                sock.close()
+                last = exc
+        raise last or OSError(f"no address for {self.host}")
+
+    def close(self) -> None:
+        self.drop_idle()
+
+
 class Answer:
-    """One upstream answer: status and headers read, the body still on the socket."""
+    """One upstream answer: status and headers read, the body still on the connection."""
 
-    __slots__ = ("_resp", "status", "headers", "_done", "_timeout_s")
+    __slots__ = ("status", "headers", "_fields", "_link", "_pool", "_timeout_s", "_mode",
+                 "_left", "_state", "_keep", "_done")
 
-    def __init__(self, resp: HTTPSocketPoolResponse, timeout_s: float = 600.0) -> None:
-        self._resp = resp
+    def __init__(self, link: _Link, pool: _Pool, timeout_s: float, status: int,
+                 headers: list[tuple[str, str]], fields: dict[str, str], mode: str,
+                 length: int, keep: bool) -> None:
+        self.status = status
+        self.headers = headers
+        self._fields = fields
+        self._link = link
+        self._pool = pool
         self._timeout_s = timeout_s
-        self.status = resp.status_code
-        self.headers: list[tuple[str, str]] = list(resp.items())
+        self._mode = mode          # "length", "chunked" or "close"
+        # body bytes left (length), of the current chunk (chunked); -1 until the close
+        self._left = -1 if mode == "close" else length
+        self._state = 0            # chunked: 0 size line, 1 data, 2 CRLF, 3 trailers
+        self._keep = keep
         self._done = False
 
     def header(self, name: str) -> str | None:
-        value = self._resp.get(name)
-        return value if value is None or isinstance(value, str) else str(value)
+        return self._fields.get(name.lower())
 
     def read(self) -> bytes:
         """The whole body; the connection goes back to its pool."""
-        try:
-            data = bytes(self._resp.read())
-        except (OSError, HTTPConnectionClosed, gevent.Timeout) as exc:
-            self.close()
-            raise BrokeOff(describe(exc)) from None
-        self._release()
-        return data
+        return b"".join(self.chunks())
 
     def chunks(self) -> Iterator[bytes]:
         """The body as it arrives (chunked transfer decoded); the connection goes back to
         its pool at the end, or is closed when the caller stops early (:meth:`close`).
-
-        Between chunks it waits for the socket to be readable on one watcher and one
-        timer made for the whole stream, and then reads the OS socket (the gevent
-        socket's own ``recv`` would first try a read that finds nothing, then make a new
-        timeout for every wait: a fifth of the router's CPU per chunk of a paced stream).
-        No data for the pool's network timeout breaks the stream off, as the socket's
-        timeout would."""
-        resp = self._resp
-        readable = stalled = None
+        No data for the pool's network timeout breaks the answer off."""
+        link = self._link
         try:
             while True:
-                buffered = resp._body_buffer
-                if buffered:
-                    data = bytes(buffered)
-                    del buffered[:]
+                data = self._take(link.buf)
+                if data:
                     yield data
-                    continue
-                sock = resp._sock     # None: the whole answer came with its headers
-                if resp.message_complete or sock is None:
+                if self._finished():
                     break
-                if readable is None:
-                    hub = gevent.get_hub()
-                    readable = hub.loop.io(sock.fileno(), 1)
-                    stalled = hub.loop.timer(self._timeout_s)
-                    throw = gevent.getcurrent().throw
-                    why = TimeoutError(f"no data from the engine for {self._timeout_s:g} s")
-                    receive = receiver(sock)
-                assert stalled is not None
-                stalled.start(throw, why)
-                try:
-                    hub.wait(readable)
-                finally:
-                    stalled.stop()
-                got = receive(BLOCK)
-                if got is None:
-                    continue          # woken, but nothing to read after all
-                if not got:
-                    if resp.message_complete:
+                if not link.fill(self._timeout_s):
+                    if self._mode == "close":
+                        self._left = 0
                         break
-                    raise HTTPConnectionClosed("the engine closed the connection mid-answer")
-                resp.feed(got)
-        except (OSError, HTTPConnectionClosed, gevent.Timeout) as exc:
+                    raise _Closed("the engine closed the connection mid-answer")
+        except (OSError, _Closed, Malformed) as exc:
             self.close()
             raise BrokeOff(describe(exc)) from None
-        finally:
-            if readable is not None:
-                readable.close()
-            if stalled is not None:
-                stalled.close()
         self._release()
+
+    def _finished(self) -> bool:
+        if self._mode == "chunked":
+            return self._state == 4
+        return self._left == 0
+
+    def _take(self, buf: bytearray) -> bytes:
+        """The body bytes in ``buf``, taken out of it (framing decoded)."""
+        if not buf:
+            return b""
+        if self._mode == "close":
+            data = bytes(buf)
+            buf.clear()
+            return data
+        if self._mode == "length":
+            n = min(self._left, len(buf))
+            data = bytes(buf[:n])
+            del buf[:n]
+            self._left -= n
+            return data
+        if self._state == 0:
+            simple = _SIZE_LINE.match(buf)   # one whole chunk, as engines send a stream
+            if simple is not None:
+                start = simple.end()
+                stop = start + int(simple.group(1), 16)
+                if len(buf) == stop + 2 and stop > start and buf.endswith(b"\r\n"):
+                    data = bytes(buf[start:stop])
+                    buf.clear()
+                    return data
+        parts: list[bytes] = []
+        while buf:
+            state = self._state
+            if state == 0:                               # a chunk's size line
+                simple = _SIZE_LINE.match(buf)           # no extensions: the usual case
+                if simple is not None:
+                    size, start = int(simple.group(1), 16), simple.end()
+                    stop = start + size
+                    if size and len(buf) >= stop + 2:    # the whole chunk is here
+                        if buf[stop:stop + 2] != b"\r\n":
+                            raise Malformed("a chunk of the answer does not end with CRLF")
+                        parts.append(bytes(buf[start:stop]))
+                        del buf[:stop + 2]
+                        continue
+                    del buf[:start]
+                else:
+                    end = buf.find(b"\r\n")
+                    if end < 0:
+                        if len(buf) > MAX_CHUNK_LINE:
+                            raise Malformed("a chunk size line of the answer is too long")
+                        break
+                    line = bytes(buf[:end])
+                    size_text = line.partition(b";")[0].strip(b" \t")
+                    if not _SIZE.fullmatch(size_text):
+                        raise Malformed("a chunk size of the answer is malformed: "
+                                        f"{line[:40]!r}")
+                    del buf[:end + 2]
+                    size = int(size_text, 16)
+                self._left = size
+                self._state = 1 if size else 3
+            elif state == 1:                             # chunk data
+                n = min(self._left, len(buf))
+                parts.append(bytes(buf[:n]))
+                del buf[:n]
+                self._left -= n
+                if self._left:
+                    break
+                self._state = 2
+            elif state == 2:                             # the CRLF after chunk data
+                if len(buf) < 2:
+                    break
+                if buf[:2] != b"\r\n":
+                    raise Malformed("a chunk of the answer does not end with CRLF")
+                del buf[:2]
+                self._state = 0
+            elif state == 3:                             # trailer fields, then a blank line
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    if len(buf) > MAX_CHUNK_LINE:
+                        raise Malformed("a trailer line of the answer is too long")
+                    break
+                del buf[:end + 2]
+                if end == 0:
+                    self._state = 4                      # the end of the answer
+            else:
+                break                                    # ended: the rest is not ours
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _release(self) -> None:
         if not self._done:
             self._done = True
-            self._resp.release()
+            if self._keep and not self._link.buf:
+                self._pool.put(self._link)
+            else:
+                self._link.close()
 
     def close(self) -> None:
         """Drop the connection (a half-read body must never be reused)."""
         if not self._done:
             self._done = True
-            resp = self._resp
-            pool, sock = resp._pool, resp._sock
-            resp._sock = resp._pool = None
-            if sock is not None and pool is not None:
-                pool.release_socket(sock)     # closes it and frees its place in the pool
+            self._link.close()
 
 
 class Pools:
@@ -164,79 +379,138 @@ class Pools:
         self._connect_timeout = min(10.0, timeout_s)
         self._timeout = timeout_s
         self._maxsize = maxsize
-        self._clients: dict[str, HTTPClient] = {}
+        self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
 
-    def client(self, url: str) -> HTTPClient:
-        client = self._clients.get(url)
-        if client is None:
+    def _pool(self, url: str) -> _Pool:
+        pool = self._pools.get(url)
+        if pool is None:
             with self._lock:
-                client = self._clients.get(url)
-                if client is None:
-                    parts = urlsplit(url)
-                    client = HTTPClient(parts.hostname or "127.0.0.1", parts.port,
-                                        concurrency=self._maxsize,
-                                        connection_timeout=self._connect_timeout,
-                                        network_timeout=self._timeout,
-                                        ssl=parts.scheme == "https", block_size=BLOCK)
-                    pool = client._connection_pool
-                    pool._resolve = _cached(pool._resolve)  # type: ignore[method-assign]
-                    self._clients[url] = client
-        return client
+                pool = self._pools.get(url)
+                if pool is None:
+                    pool = self._pools[url] = _Pool(url, self._connect_timeout,
+                                                    self._maxsize)
+        return pool
 
     def forget_except(self, urls: set[str]) -> None:
         """Close the pools of upstreams that left the routes table."""
         with self._lock:
-            for url in [u for u in self._clients if u not in urls]:
-                self._clients.pop(url).close()
+            for url in [u for u in self._pools if u not in urls]:
+                self._pools.pop(url).close()
 
     def post(self, url: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
         """POST ``body``; the answer with its headers read. Raises Unreachable or
         FailedBeforeAnswer (nothing of an answer arrived)."""
-        client = self.client(url)
-        try:
+        pool = self._pool(url)
+        request = _request(path, pool.authority, headers, body)
+        for attempt in range(2):
             try:
-                resp = client.request("POST", path, body=body, headers=dict(headers))
-            except (HTTPConnectionClosed, ConnectionResetError, BrokenPipeError):
-                # A kept-alive connection the engine closed as it was reused (llama.cpp
-                # closes idle ones after 5 s): the others idle as long are likely closed
-                # too. Drop them and send once more, on a new connection.
-                _drop_idle(client)
-                resp = client.request("POST", path, body=body, headers=dict(headers))
-        except (ConnectionRefusedError, socket.gaierror) as exc:
-            raise Unreachable(describe(exc)) from None
-        except OSError as exc:
-            if exc.errno in _UNREACHABLE_ERRNOS:
+                link, reused = pool.get()
+            except (ConnectionRefusedError, socket.gaierror) as exc:
                 raise Unreachable(describe(exc)) from None
-            raise FailedBeforeAnswer(describe(exc)) from None
-        except (HTTPConnectionClosed, gevent.Timeout) as exc:
-            raise FailedBeforeAnswer(describe(exc)) from None
-        return Answer(resp, self._timeout)
+            except OSError as exc:
+                if exc.errno in _UNREACHABLE_ERRNOS:
+                    raise Unreachable(describe(exc)) from None
+                raise FailedBeforeAnswer(describe(exc)) from None
+            try:
+                link.sendall(request)
+                return self._answer(link, pool)
+            except (_Closed, ConnectionResetError, BrokenPipeError) as exc:
+                link.close()
+                if reused and attempt == 0:
+                    # A kept-alive connection the engine closed as it was reused: the
+                    # others idle as long are likely closed too. Drop them and send
+                    # once more, on a new connection.
+                    pool.drop_idle()
+                    continue
+                raise FailedBeforeAnswer(describe(exc)) from None
+            except (OSError, Malformed) as exc:
+                link.close()
+                raise FailedBeforeAnswer(describe(exc)) from None
+            except BaseException:
+                link.close()
+                raise
+        raise AssertionError("unreachable")   # pragma: no cover
+
+    def _answer(self, link: _Link, pool: _Pool) -> Answer:
+        while True:
+            head = _read_head(link, self._timeout)
+            status, headers, fields = _parse_head(head)
+            if status >= 200 or status == 101:
+                break                          # 1xx before the answer: skipped
+        mode, length = _framing(status, fields)
+        keep = (mode != "close" and "close" not in fields.get("connection", "").lower()
+                and head.startswith(b"HTTP/1.1"))
+        return Answer(link, pool, self._timeout, status, headers, fields, mode, length, keep)
 
 
-def _cached(resolve: Callable[[], Any]) -> Callable[[], Any]:
-    """``resolve`` (a pool's getaddrinfo), its answer kept for :data:`RESOLVE_TTL_S`: under
-    gevent each lookup is a trip through the resolver's thread pool, even for an IP address
-    (a tenth of the router's CPU while a thousand streams open their connections)."""
-    kept: list[Any] = []
-
-    def cached() -> Any:
-        now = time.monotonic()
-        if not kept or now - kept[0] > RESOLVE_TTL_S:
-            kept[:] = [now, resolve()]
-        return kept[1]
-    return cached
+def _request(path: str, authority: str, headers: Mapping[str, str], body: bytes) -> bytes:
+    lines = [f"POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: {len(body)}\r\n"]
+    for name, value in headers.items():
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+            raise ValueError(f"request header {name!r} has a line break")
+        lines.append(f"{name}: {value}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1") + body
 
 
-def _drop_idle(client: HTTPClient) -> None:
-    """Close the idle connections of ``client``'s pool (its free places stay free)."""
-    queue = client._connection_pool._socket_queue
-    while not queue.empty():
-        try:
-            sock = queue.get(block=False)
-        except gevent.queue.Empty:
-            break
-        try:
-            sock.close()
-        except OSError:
-            pass
+def _read_head(link: _Link, timeout_s: float) -> bytes:
+    buf = link.buf
+    while True:
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            head = bytes(buf[:end])
+            del buf[:end + 4]
+            return head
+        if len(buf) > MAX_HEAD:
+            raise Malformed(f"the answer's head is over {MAX_HEAD} bytes")
+        if not link.fill(timeout_s):
+            raise _Closed("the engine closed the connection without an answer"
+                          if not buf else "the engine closed the connection inside its "
+                          "answer's head")
+
+
+def _parse_head(head: bytes) -> tuple[int, list[tuple[str, str]], dict[str, str]]:
+    lines = head.split(b"\r\n")
+    status_line = lines[0]
+    version, _, rest = status_line.partition(b" ")
+    code = rest[:3]
+    if (version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit()
+            or rest[3:4] not in (b"", b" ")):
+        raise Malformed(f"the answer's status line is malformed: {status_line[:60]!r}")
+    if len(lines) - 1 > MAX_HEADERS:
+        raise Malformed(f"the answer has more than {MAX_HEADERS} header fields")
+    headers: list[tuple[str, str]] = []
+    fields: dict[str, str] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name != name.strip():
+            raise Malformed(f"a header field of the answer is malformed: {line[:60]!r}")
+        key = name.decode("latin-1")
+        text = value.strip(b" \t").decode("latin-1")
+        headers.append((key, text))
+        low = key.lower()
+        fields[low] = f"{fields[low]}, {text}" if low in fields else text
+    return int(code), headers, fields
+
+
+def _framing(status: int, fields: dict[str, str]) -> tuple[str, int]:
+    """How the answer's body ends (RFC 9112 6.3): ("length", n), ("chunked", 0) or
+    ("close", 0)."""
+    if status in (204, 304) or status < 200:
+        return "length", 0
+    coding = fields.get("transfer-encoding")
+    if coding is not None:
+        if coding.strip().lower().rpartition(",")[2].strip() != "chunked":
+            return "close", 0
+        return "chunked", 0
+    length = fields.get("content-length")
+    if length is None:
+        return "close", 0
+    values = {v.strip() for v in length.split(",")}
+    if len(values) != 1:
+        raise Malformed(f"the answer has two different lengths: {length!r}")
+    value = values.pop()
+    if not value.isdigit() or len(value) > 18:
+        raise Malformed(f"the answer's Content-Length is not a number: {value[:20]!r}")
+    return "length", int(value)
