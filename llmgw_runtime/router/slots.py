@@ -51,6 +51,8 @@ SPARE_ROWS = 8             # rows beyond the configured workers (gunicorn TTIN, 
 _MAGIC = b"LLMGWSL1"
 _HEADER = struct.Struct("<8sII")     # magic, rows, columns
 LOCK_STALE_S = 1.0         # a lock held this long belongs to a dead worker: taken over
+SPINS = 3                  # yields to the event loop before waiting BACKOFF_S between tries
+BACKOFF_S = 0.0002
 # path -> the semaphore made with the file (create_file, in the master; inherited by fork)
 _FORK_LOCKS: dict[str, Any] = {}
 
@@ -137,18 +139,23 @@ def create_file(directory: str, workers: int) -> str:
 
 
 def _take_shared(lock: Any) -> None:
-    """Take the file's semaphore: at once when free; else yield (``time.sleep(0)``: to
-    gevent's other greenlets in a worker) until it is, taking it over after
-    :data:`LOCK_STALE_S` from a holder that must have died."""
+    """Take the file's semaphore: at once when free; else yield to gevent's other
+    greenlets in a worker until it is (``time.sleep(0)`` a few times, then short real
+    sleeps of :data:`BACKOFF_S`), taking it over after :data:`LOCK_STALE_S` from a holder
+    that must have died. The real sleeps matter on a busy machine: a holder the kernel
+    took the CPU from keeps the lock for a time slice, and a worker spinning through its
+    event loop for that long takes the CPU the holder needs to give it back."""
     if lock.acquire(False):
         return
     deadline = time.monotonic() + LOCK_STALE_S
+    spins = 0
     while not lock.acquire(False):
         if time.monotonic() > deadline:
             log.warning("the slot counts' lock was held for over %g s: its holder must have "
                         "died inside it; taking it over", LOCK_STALE_S)
             return      # held now on the dead holder's behalf; given back at the end
-        time.sleep(0)
+        spins += 1
+        time.sleep(0 if spins <= SPINS else BACKOFF_S)
 
 
 def _give_shared(lock: Any) -> None:

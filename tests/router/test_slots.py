@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +86,48 @@ def test_a_worker_that_died_holding_the_lock_does_not_stop_the_others(
         with mine.locked():
             assert mine.others(["r1"]) == [0]
         assert time.monotonic() - started < 0.5 and not caplog.text
+
+
+def _hold_for(path: str, row: int, held_s: float, ready: Any) -> None:
+    counts = SharedSlots(path, row)
+    with counts.locked():
+        ready.set()
+        time.sleep(held_s)             # a holder the kernel took the CPU from, say
+
+
+def test_a_worker_waiting_for_the_lock_sleeps_rather_than_spinning(tmp_path: Path) -> None:
+    """While another process holds the lock, a waiting worker tries again every
+    BACKOFF_S (after a few yields), not once per turn of its event loop: spinning would
+    take the CPU its holder needs to give the lock back."""
+    path = create_file(str(tmp_path), workers=2)
+    mine = SharedSlots(path, 0)        # (zeroes its row under the lock: before the holder)
+    ready = multiprocessing.get_context("fork").Event()
+    holder = multiprocessing.get_context("fork").Process(
+        target=_hold_for, args=(path, 1, 0.3, ready))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        tries = 0
+        real = mine._shared
+        assert real is not None
+
+        class Counting:
+            def acquire(self, block: bool = True) -> bool:
+                nonlocal tries
+                tries += 1
+                return bool(real.acquire(block))
+
+            def release(self) -> None:
+                real.release()
+
+        mine._shared = Counting()
+        started = time.monotonic()
+        with mine.locked():
+            waited = time.monotonic() - started
+        assert 0.1 < waited < slots.LOCK_STALE_S
+        assert tries <= waited / slots.BACKOFF_S + slots.SPINS + 2
+    finally:
+        holder.join(10)
 
 
 def _take_and_give_back(path: str, row: int, limit: int, rounds: int,
