@@ -201,34 +201,36 @@ class MetricsMiddleware:
 
 
 class _Observed:
-    """The answer's body: notes the first byte, and the end when the server closes it."""
+    """The answer's body: notes the first byte, and the end when the server closes it.
+    Past the first non-empty chunk the body's own iterator is delegated to (``yield
+    from``: no Python call of this wrapper per chunk of a stream)."""
 
-    __slots__ = ("_body", "_it", "_metrics", "_environ", "_status", "_started", "_first",
-                 "_closed")
+    __slots__ = ("_body", "_metrics", "_environ", "_status", "_started", "_it", "_closed")
 
     def __init__(self, body: Iterable[bytes], metrics: RouterMetrics,
                  environ: dict[str, Any], status: list[str], started: float) -> None:
         self._body = body
-        self._it: Iterator[bytes] | None = None
         self._metrics = metrics
         self._environ = environ
         self._status = status
         self._started = started
-        self._first = True
+        self._it: Iterator[bytes] | None = None
         self._closed = False
 
-    def __iter__(self) -> _Observed:
+    def __iter__(self) -> Iterator[bytes]:
         if self._it is None:     # once: a server may call iter() on it again
-            self._it = iter(self._body)
-        return self
+            self._it = self._chunks()
+        return self._it
 
-    def __next__(self) -> bytes:
-        assert self._it is not None
-        chunk = next(self._it)
-        if self._first and chunk:
-            self._first = False
-            self._metrics.first_byte(self._environ, time.perf_counter() - self._started)
-        return chunk
+    def _chunks(self) -> Iterator[bytes]:
+        it = iter(self._body)
+        for chunk in it:
+            if chunk:
+                self._metrics.first_byte(self._environ, time.perf_counter() - self._started)
+                yield chunk
+                break
+            yield chunk
+        yield from it
 
     def close(self) -> None:
         try:

@@ -1,5 +1,5 @@
-"""Sending and receiving on a gevent socket's OS socket first, gevent's machinery only when
-the OS socket would block.
+"""Sending on a gevent socket's OS socket first, gevent's machinery only when the OS
+socket would block (reads: ``upstream._Link.fill`` reads the OS socket after its wait).
 
 gevent's ``sendall`` asks the kernel for the send buffer's size (a ``getsockopt`` call)
 and goes through four Python frames before its one ``send``; its ``recv`` tries a read
@@ -10,7 +10,7 @@ the OS sockets and about 64 us through gevent's socket methods.
 
 The fast path is taken only on a plain gevent TCP socket, whose ``_sock`` is the
 non-blocking OS socket (gevent's own servers unwrap it the same way); a TLS socket, or
-anything else, gets its own ``sendall`` and ``recv``.
+anything else, gets its own ``sendall``.
 """
 
 from __future__ import annotations
@@ -43,19 +43,3 @@ def sender(sock: Any) -> Callable[[bytes], None]:
         if sent < len(data):
             sendall(memoryview(data)[sent:])
     return send_all
-
-
-def receiver(sock: Any) -> Callable[[int], bytes | None]:
-    """A ``recv`` for a socket the caller has just seen readable: None when the read
-    would block after all (a spurious wake-up: wait again)."""
-    raw = os_socket(sock)
-    if raw is None:
-        return sock.recv               # type: ignore[no-any-return]
-    recv = raw.recv
-
-    def receive(size: int) -> bytes | None:
-        try:
-            return recv(size)          # type: ignore[no-any-return]
-        except BlockingIOError:
-            return None
-    return receive

@@ -40,7 +40,7 @@ import gevent
 import gevent.socket
 from gevent import ssl as gssl
 
-from .rawsock import os_socket, receiver, sender
+from .rawsock import os_socket, sender
 
 BLOCK = 65536
 MAX_HEAD = 65536          # bytes of an answer's status line and headers
@@ -85,14 +85,14 @@ def describe(exc: BaseException) -> str:
 class _Link:
     """One connection to an engine, with what has been read from it and not yet used."""
 
-    __slots__ = ("sock", "buf", "sendall", "_receive", "_tls", "_io", "_timer", "_why")
+    __slots__ = ("sock", "buf", "sendall", "_raw", "_hub", "_io", "_timer", "_why")
 
     def __init__(self, sock: Any) -> None:
         self.sock = sock
         self.buf = bytearray()
         self.sendall = sender(sock)
-        self._receive = receiver(sock)
-        self._tls = os_socket(sock) is None
+        self._raw = os_socket(sock)    # None: TLS
+        self._hub: Any = None
         self._io: Any = None
         self._timer: Any = None
         self._why: TimeoutError | None = None
@@ -100,25 +100,29 @@ class _Link:
     def fill(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) for more of the answer and add it to the buffer;
         False when the engine closed the connection. No data for ``timeout_s`` raises
-        TimeoutError."""
-        if self._tls:              # the TLS object may hold data the socket does not show
+        TimeoutError. (Called for every chunk of a stream: written for that.)"""
+        raw = self._raw
+        if raw is None:            # TLS: its object may hold data the socket does not show
             self.sock.settimeout(timeout_s)
             got = self.sock.recv(BLOCK)
         else:
             if self._io is None:
-                loop = gevent.get_hub().loop
-                self._io = loop.io(self.sock.fileno(), 1)
-                self._timer = loop.timer(timeout_s)
+                self._hub = gevent.get_hub()
+                self._io = self._hub.loop.io(self.sock.fileno(), 1)
+                self._timer = self._hub.loop.timer(timeout_s)
                 self._why = TimeoutError(f"no data from the engine for {timeout_s:g} s")
+            timer = self._timer
             while True:
-                self._timer.start(gevent.getcurrent().throw, self._why)
+                timer.start(gevent.getcurrent().throw, self._why)
                 try:
-                    gevent.get_hub().wait(self._io)
+                    self._hub.wait(self._io)
                 finally:
-                    self._timer.stop()
-                got = self._receive(BLOCK)
-                if got is not None:
-                    break          # else: woken, but nothing to read after all
+                    timer.stop()
+                try:
+                    got = raw.recv(BLOCK)
+                    break
+                except BlockingIOError:
+                    continue       # woken, but nothing to read after all
         if not got:
             return False
         self.buf += got
@@ -129,12 +133,12 @@ class _Link:
         if self._io is not None:
             self._io.close()
             self._timer.close()
-            self._io = self._timer = None
+            self._io = self._timer = self._hub = None
 
     def alive(self) -> bool:
         """Whether an idle pooled connection is still open: a peek that finds nothing to
         read (the engine neither closed it nor sent anything unasked)."""
-        raw = os_socket(self.sock)
+        raw = self._raw
         if raw is None:
             return True            # TLS: a stale one fails its request, which is resent
         try:
@@ -253,13 +257,15 @@ class Answer:
         """The body as it arrives (chunked transfer decoded); the connection goes back to
         its pool at the end, or is closed when the caller stops early (:meth:`close`).
         No data for the pool's network timeout breaks the answer off."""
-        link = self._link
+        link, buf, take = self._link, self._link.buf, self._take
+        chunked = self._mode == "chunked"
         try:
             while True:
-                data = self._take(link.buf)
-                if data:
-                    yield data
-                if self._finished():
+                if buf:
+                    data = take(buf)
+                    if data:
+                        yield data
+                if (self._state == 4) if chunked else (self._left == 0):
                     break
                 if not link.fill(self._timeout_s):
                     if self._mode == "close":
@@ -270,11 +276,6 @@ class Answer:
             self.close()
             raise BrokeOff(describe(exc)) from None
         self._release()
-
-    def _finished(self) -> bool:
-        if self._mode == "chunked":
-            return self._state == 4
-        return self._left == 0
 
     def _take(self, buf: bytearray) -> bytes:
         """The body bytes in ``buf``, taken out of it (framing decoded)."""
