@@ -108,8 +108,8 @@ def test_a_worker_waiting_for_the_lock_sleeps_rather_than_spinning(tmp_path: Pat
     try:
         assert ready.wait(10)
         tries = 0
-        real = mine._shared
-        assert real is not None
+        assert mine._shared is not None
+        real: Any = mine._shared
 
         class Counting:
             def acquire(self, block: bool = True) -> bool:
