@@ -169,6 +169,7 @@ class _Pool:
         self._connect_timeout = connect_timeout
         self._maxsize = maxsize
         self._idle: list[_Link] = []
+        self._closed = False       # the upstream left the routes table
         self._resolved: tuple[float, list[Any]] | None = None
         self._context = gssl.create_default_context() if self.tls else None
 
@@ -183,7 +184,7 @@ class _Pool:
 
     def put(self, link: _Link) -> None:
         link.idle()
-        if len(self._idle) < self._maxsize:
+        if len(self._idle) < self._maxsize and not self._closed:
             self._idle.append(link)
         else:
             link.close()
@@ -221,6 +222,9 @@ class _Pool:
         raise last or OSError(f"no address for {self.host}")
 
     def close(self) -> None:
+        """No more idle connections: those idle now are closed, those in use when their
+        answers end."""
+        self._closed = True
         self.drop_idle()
 
 

@@ -340,3 +340,21 @@ def test_an_engine_whose_certificate_is_not_trusted_is_not_spoken_to(
     monkeypatch.delenv("SSL_CERT_FILE")
     with pytest.raises(FailedBeforeAnswer, match="CERTIFICATE_VERIFY_FAILED"):
         Pools(timeout_s=10).post(tls_engine, "/", b"{}", {})
+
+
+def test_an_upstream_that_left_the_table_keeps_no_connection_after_its_last_answer(
+        ) -> None:
+    closed = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        if _read_request(conn):
+            conn.sendall(CHUNKED)
+            if conn.recv(1) == b"":            # the router closed it
+                closed.set()
+
+    with serving(serve) as url:
+        pools = Pools(timeout_s=10)
+        answer = pools.post(url, "/", b"{}", {})
+        pools.forget_except(set())            # it left while the answer streamed
+        assert b"".join(answer.chunks()) == b"hello, world"
+        assert closed.wait(5)                 # closed at the answer's end, not pooled
