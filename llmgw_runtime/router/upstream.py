@@ -10,9 +10,8 @@ request than geventhttpclient did, which ran a Python callback per header field 
 body piece, built each request through its Headers class and made watchers for a
 ``select`` on every pooled connection it handed out (docs/performance.md).
 
-An engine is trusted no further than its answer's shape: a head over :data:`MAX_HEAD`
-bytes or :data:`MAX_HEADERS` fields, a malformed status line, two lengths, or a chunk
-size that is not hex breaks the answer off with a message saying so.
+An answer that is not HTTP/1.1 as :mod:`.http1` reads it breaks off with a message saying
+why.
 
 Failures are sorted by what a caller may do about them:
 
@@ -28,7 +27,6 @@ Failures are sorted by what a caller may do about them:
 from __future__ import annotations
 
 import errno
-import re
 import socket
 import threading
 import time
@@ -40,17 +38,13 @@ import gevent
 import gevent.socket
 from gevent import ssl as gssl
 
+from .http1 import CLOSE, MAX_HEAD, Body, Malformed, framing, parse_head, request
 from .rawsock import os_socket, sender
 
 BLOCK = 65536
-MAX_HEAD = 65536          # bytes of an answer's status line and headers
-MAX_HEADERS = 100
-MAX_CHUNK_LINE = 4096     # a chunk-size line, extensions included
 RESOLVE_TTL_S = 10.0      # an upstream's address is looked up again after this long
 _UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                                  errno.EADDRNOTAVAIL})
-_SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")
-_SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,16})\r\n")
 
 
 class UpstreamFailure(Exception):
@@ -71,10 +65,6 @@ class BrokeOff(UpstreamFailure):
 
 class _Closed(Exception):
     """The engine closed the connection before its answer's head was complete."""
-
-
-class Malformed(Exception):
-    """The engine's answer is not HTTP/1.1 as the router reads it."""
 
 
 def describe(exc: BaseException) -> str:
@@ -231,22 +221,19 @@ class _Pool:
 class Answer:
     """One upstream answer: status and headers read, the body still on the connection."""
 
-    __slots__ = ("status", "headers", "_fields", "_link", "_pool", "_timeout_s", "_mode",
-                 "_left", "_state", "_keep", "_done")
+    __slots__ = ("status", "headers", "_fields", "_link", "_pool", "_timeout_s", "_body",
+                 "_keep", "_done")
 
     def __init__(self, link: _Link, pool: _Pool, timeout_s: float, status: int,
-                 headers: list[tuple[str, str]], fields: dict[str, str], mode: str,
-                 length: int, keep: bool) -> None:
+                 headers: list[tuple[str, str]], fields: dict[str, str], body: Body,
+                 keep: bool) -> None:
         self.status = status
         self.headers = headers
         self._fields = fields
         self._link = link
         self._pool = pool
         self._timeout_s = timeout_s
-        self._mode = mode          # "length", "chunked" or "close"
-        # body bytes left (length), of the current chunk (chunked); -1 until the close
-        self._left = -1 if mode == "close" else length
-        self._state = 0            # chunked: 0 size line, 1 data, 2 CRLF, 3 trailers
+        self._body = body
         self._keep = keep
         self._done = False
 
@@ -261,106 +248,24 @@ class Answer:
         """The body as it arrives (chunked transfer decoded); the connection goes back to
         its pool at the end, or is closed when the caller stops early (:meth:`close`).
         No data for the pool's network timeout breaks the answer off."""
-        link, buf, take = self._link, self._link.buf, self._take
-        chunked = self._mode == "chunked"
+        link, buf, body = self._link, self._link.buf, self._body
+        take = body.take
         try:
             while True:
                 if buf:
                     data = take(buf)
                     if data:
                         yield data
-                if (self._state == 4) if chunked else (self._left == 0):
+                if body.ended:
                     break
                 if not link.fill(self._timeout_s):
-                    if self._mode == "close":
-                        self._left = 0
+                    if body.at_close():
                         break
                     raise _Closed("the engine closed the connection mid-answer")
         except (OSError, _Closed, Malformed) as exc:
             self.close()
             raise BrokeOff(describe(exc)) from None
         self._release()
-
-    def _take(self, buf: bytearray) -> bytes:
-        """The body bytes in ``buf``, taken out of it (framing decoded)."""
-        if not buf:
-            return b""
-        if self._mode == "close":
-            data = bytes(buf)
-            buf.clear()
-            return data
-        if self._mode == "length":
-            n = min(self._left, len(buf))
-            data = bytes(buf[:n])
-            del buf[:n]
-            self._left -= n
-            return data
-        if self._state == 0:
-            simple = _SIZE_LINE.match(buf)   # one whole chunk, as engines send a stream
-            if simple is not None:
-                start = simple.end()
-                stop = start + int(simple.group(1), 16)
-                if len(buf) == stop + 2 and stop > start and buf.endswith(b"\r\n"):
-                    data = bytes(buf[start:stop])
-                    buf.clear()
-                    return data
-        parts: list[bytes] = []
-        while buf:
-            state = self._state
-            if state == 0:                               # a chunk's size line
-                simple = _SIZE_LINE.match(buf)           # no extensions: the usual case
-                if simple is not None:
-                    size, start = int(simple.group(1), 16), simple.end()
-                    stop = start + size
-                    if size and len(buf) >= stop + 2:    # the whole chunk is here
-                        if buf[stop:stop + 2] != b"\r\n":
-                            raise Malformed("a chunk of the answer does not end with CRLF")
-                        parts.append(bytes(buf[start:stop]))
-                        del buf[:stop + 2]
-                        continue
-                    del buf[:start]
-                else:
-                    end = buf.find(b"\r\n")
-                    if end < 0:
-                        if len(buf) > MAX_CHUNK_LINE:
-                            raise Malformed("a chunk size line of the answer is too long")
-                        break
-                    line = bytes(buf[:end])
-                    size_text = line.partition(b";")[0].strip(b" \t")
-                    if not _SIZE.fullmatch(size_text):
-                        raise Malformed("a chunk size of the answer is malformed: "
-                                        f"{line[:40]!r}")
-                    del buf[:end + 2]
-                    size = int(size_text, 16)
-                self._left = size
-                self._state = 1 if size else 3
-            elif state == 1:                             # chunk data
-                n = min(self._left, len(buf))
-                parts.append(bytes(buf[:n]))
-                del buf[:n]
-                self._left -= n
-                if self._left:
-                    break
-                self._state = 2
-            elif state == 2:                             # the CRLF after chunk data
-                if len(buf) < 2:
-                    break
-                if buf[:2] != b"\r\n":
-                    raise Malformed("a chunk of the answer does not end with CRLF")
-                del buf[:2]
-                self._state = 0
-            elif state == 3:                             # trailer fields, then a blank line
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > MAX_CHUNK_LINE:
-                        raise Malformed("a trailer line of the answer is too long")
-                    break
-                del buf[:end + 2]
-                if end == 0:
-                    self._state = 4                      # the end of the answer
-            else:
-                break                                    # ended: the rest is not ours
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _release(self) -> None:
         if not self._done:
@@ -407,7 +312,7 @@ class Pools:
         """POST ``body``; the answer with its headers read. Raises Unreachable or
         FailedBeforeAnswer (nothing of an answer arrived)."""
         pool = self._pool(url)
-        request = _request(path, pool.authority, headers, body)
+        data = request(path, pool.authority, headers, body)
         for attempt in range(2):
             try:
                 link, reused = pool.get()
@@ -418,7 +323,7 @@ class Pools:
                     raise Unreachable(describe(exc)) from None
                 raise FailedBeforeAnswer(describe(exc)) from None
             try:
-                link.sendall(request)
+                link.sendall(data)
                 return self._answer(link, pool)
             except (_Closed, ConnectionResetError, BrokenPipeError) as exc:
                 link.close()
@@ -440,23 +345,14 @@ class Pools:
     def _answer(self, link: _Link, pool: _Pool) -> Answer:
         while True:
             head = _read_head(link, self._timeout)
-            status, headers, fields = _parse_head(head)
+            status, headers, fields = parse_head(head)
             if status >= 200 or status == 101:
                 break                          # 1xx before the answer: skipped
-        mode, length = _framing(status, fields)
-        keep = (mode != "close" and "close" not in fields.get("connection", "").lower()
+        mode, length = framing(status, fields)
+        keep = (mode != CLOSE and "close" not in fields.get("connection", "").lower()
                 and head.startswith(b"HTTP/1.1"))
-        return Answer(link, pool, self._timeout, status, headers, fields, mode, length, keep)
-
-
-def _request(path: str, authority: str, headers: Mapping[str, str], body: bytes) -> bytes:
-    lines = [f"POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: {len(body)}\r\n"]
-    for name, value in headers.items():
-        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
-            raise ValueError(f"request header {name!r} has a line break")
-        lines.append(f"{name}: {value}\r\n")
-    lines.append("\r\n")
-    return "".join(lines).encode("latin-1") + body
+        return Answer(link, pool, self._timeout, status, headers, fields, Body(mode, length),
+                      keep)
 
 
 def _read_head(link: _Link, timeout_s: float) -> bytes:
@@ -473,49 +369,3 @@ def _read_head(link: _Link, timeout_s: float) -> bytes:
             raise _Closed("the engine closed the connection without an answer"
                           if not buf else "the engine closed the connection inside its "
                           "answer's head")
-
-
-def _parse_head(head: bytes) -> tuple[int, list[tuple[str, str]], dict[str, str]]:
-    lines = head.split(b"\r\n")
-    status_line = lines[0]
-    version, _, rest = status_line.partition(b" ")
-    code = rest[:3]
-    if (version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit()
-            or rest[3:4] not in (b"", b" ")):
-        raise Malformed(f"the answer's status line is malformed: {status_line[:60]!r}")
-    if len(lines) - 1 > MAX_HEADERS:
-        raise Malformed(f"the answer has more than {MAX_HEADERS} header fields")
-    headers: list[tuple[str, str]] = []
-    fields: dict[str, str] = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip():
-            raise Malformed(f"a header field of the answer is malformed: {line[:60]!r}")
-        key = name.decode("latin-1")
-        text = value.strip(b" \t").decode("latin-1")
-        headers.append((key, text))
-        low = key.lower()
-        fields[low] = f"{fields[low]}, {text}" if low in fields else text
-    return int(code), headers, fields
-
-
-def _framing(status: int, fields: dict[str, str]) -> tuple[str, int]:
-    """How the answer's body ends (RFC 9112 6.3): ("length", n), ("chunked", 0) or
-    ("close", 0)."""
-    if status in (204, 304) or status < 200:
-        return "length", 0
-    coding = fields.get("transfer-encoding")
-    if coding is not None:
-        if coding.strip().lower().rpartition(",")[2].strip() != "chunked":
-            return "close", 0
-        return "chunked", 0
-    length = fields.get("content-length")
-    if length is None:
-        return "close", 0
-    values = {v.strip() for v in length.split(",")}
-    if len(values) != 1:
-        raise Malformed(f"the answer has two different lengths: {length!r}")
-    value = values.pop()
-    if not value.isdigit() or len(value) > 18:
-        raise Malformed(f"the answer's Content-Length is not a number: {value[:20]!r}")
-    return "length", int(value)
