@@ -64,7 +64,7 @@ class BrokeOff(UpstreamFailure):
 
 
 class _Closed(Exception):
-    """The engine closed the connection before its answer's head was complete."""
+    """The engine closed the connection before its answer was complete."""
 
 
 def describe(exc: BaseException) -> str:
@@ -73,34 +73,37 @@ def describe(exc: BaseException) -> str:
 
 
 class _Link:
-    """One connection to an engine, with what has been read from it and not yet used."""
+    """One connection to an engine, with what has been read from it and not yet used, and
+    the one io watcher and timer its reads wait on (made at its first wait, kept while it
+    is pooled: a watcher not started costs nothing)."""
 
-    __slots__ = ("sock", "buf", "sendall", "_raw", "_hub", "_io", "_timer", "_why")
+    __slots__ = ("sock", "buf", "sendall", "_raw", "_timeout_s", "_hub", "_io", "_timer",
+                 "_why")
 
-    def __init__(self, sock: Any) -> None:
+    def __init__(self, sock: Any, timeout_s: float) -> None:
         self.sock = sock
         self.buf = bytearray()
         self.sendall = sender(sock)
         self._raw = os_socket(sock)    # None: TLS
+        self._timeout_s = timeout_s
         self._hub: Any = None
         self._io: Any = None
         self._timer: Any = None
-        self._why: TimeoutError | None = None
+        self._why = TimeoutError(f"no data from the engine for {timeout_s:g} s")
 
-    def fill(self, timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) for more of the answer and add it to the buffer;
-        False when the engine closed the connection. No data for ``timeout_s`` raises
-        TimeoutError. (Called for every chunk of a stream: written for that.)"""
+    def fill(self) -> bool:
+        """Wait (at most the pool's network timeout) for more of the answer and add it to
+        the buffer; False when the engine closed the connection. No data for that long
+        raises TimeoutError. (Called for every chunk of a stream: written for that.)"""
         raw = self._raw
         if raw is None:            # TLS: its object may hold data the socket does not show
-            self.sock.settimeout(timeout_s)
+            self.sock.settimeout(self._timeout_s)
             got = self.sock.recv(BLOCK)
         else:
             if self._io is None:
                 self._hub = gevent.get_hub()
                 self._io = self._hub.loop.io(self.sock.fileno(), 1)
-                self._timer = self._hub.loop.timer(timeout_s)
-                self._why = TimeoutError(f"no data from the engine for {timeout_s:g} s")
+                self._timer = self._hub.loop.timer(self._timeout_s)
             timer = self._timer
             while True:
                 timer.start(gevent.getcurrent().throw, self._why)
@@ -118,13 +121,6 @@ class _Link:
         self.buf += got
         return True
 
-    def idle(self) -> None:
-        """Between answers: the watchers go (a pooled connection holds none)."""
-        if self._io is not None:
-            self._io.close()
-            self._timer.close()
-            self._io = self._timer = self._hub = None
-
     def alive(self) -> bool:
         """Whether an idle pooled connection is still open: a peek that finds nothing to
         read (the engine neither closed it nor sent anything unasked)."""
@@ -140,7 +136,10 @@ class _Link:
         return False               # closed (b""), or bytes nobody asked for
 
     def close(self) -> None:
-        self.idle()
+        if self._io is not None:
+            self._io.close()
+            self._timer.close()
+            self._io = self._timer = self._hub = None
         try:
             self.sock.close()
         except OSError:
@@ -150,13 +149,15 @@ class _Link:
 class _Pool:
     """Idle keep-alive connections to one upstream (the most recently used first)."""
 
-    def __init__(self, url: str, connect_timeout: float, maxsize: int) -> None:
+    def __init__(self, url: str, connect_timeout: float, timeout_s: float,
+                 maxsize: int) -> None:
         parts = urlsplit(url)
         self.tls = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if self.tls else 80)
         self.authority = parts.netloc.rpartition("@")[2] or self.host
         self._connect_timeout = connect_timeout
+        self._timeout_s = timeout_s
         self._maxsize = maxsize
         self._idle: list[_Link] = []
         self._closed = False       # the upstream left the routes table
@@ -170,10 +171,9 @@ class _Pool:
             if link.alive():
                 return link, True
             link.close()
-        return _Link(self._connect()), False
+        return _Link(self._connect(), self._timeout_s), False
 
     def put(self, link: _Link) -> None:
-        link.idle()
         if len(self._idle) < self._maxsize and not self._closed:
             self._idle.append(link)
         else:
@@ -221,18 +221,15 @@ class _Pool:
 class Answer:
     """One upstream answer: status and headers read, the body still on the connection."""
 
-    __slots__ = ("status", "headers", "_fields", "_link", "_pool", "_timeout_s", "_body",
-                 "_keep", "_done")
+    __slots__ = ("status", "headers", "_fields", "_link", "_pool", "_body", "_keep", "_done")
 
-    def __init__(self, link: _Link, pool: _Pool, timeout_s: float, status: int,
-                 headers: list[tuple[str, str]], fields: dict[str, str], body: Body,
-                 keep: bool) -> None:
+    def __init__(self, link: _Link, pool: _Pool, status: int, headers: list[tuple[str, str]],
+                 fields: dict[str, str], body: Body, keep: bool) -> None:
         self.status = status
         self.headers = headers
         self._fields = fields
         self._link = link
         self._pool = pool
-        self._timeout_s = timeout_s
         self._body = body
         self._keep = keep
         self._done = False
@@ -258,7 +255,7 @@ class Answer:
                         yield data
                 if body.ended:
                     break
-                if not link.fill(self._timeout_s):
+                if not link.fill():
                     if body.at_close():
                         break
                     raise _Closed("the engine closed the connection mid-answer")
@@ -299,7 +296,7 @@ class Pools:
                 pool = self._pools.get(url)
                 if pool is None:
                     pool = self._pools[url] = _Pool(url, self._connect_timeout,
-                                                    self._maxsize)
+                                                    self._timeout, self._maxsize)
         return pool
 
     def forget_except(self, urls: set[str]) -> None:
@@ -344,18 +341,17 @@ class Pools:
 
     def _answer(self, link: _Link, pool: _Pool) -> Answer:
         while True:
-            head = _read_head(link, self._timeout)
+            head = _read_head(link)
             status, headers, fields = parse_head(head)
             if status >= 200 or status == 101:
                 break                          # 1xx before the answer: skipped
         mode, length = framing(status, fields)
         keep = (mode != CLOSE and "close" not in fields.get("connection", "").lower()
                 and head.startswith(b"HTTP/1.1"))
-        return Answer(link, pool, self._timeout, status, headers, fields, Body(mode, length),
-                      keep)
+        return Answer(link, pool, status, headers, fields, Body(mode, length), keep)
 
 
-def _read_head(link: _Link, timeout_s: float) -> bytes:
+def _read_head(link: _Link) -> bytes:
     buf = link.buf
     while True:
         end = buf.find(b"\r\n\r\n")
@@ -365,7 +361,7 @@ def _read_head(link: _Link, timeout_s: float) -> bytes:
             return head
         if len(buf) > MAX_HEAD:
             raise Malformed(f"the answer's head is over {MAX_HEAD} bytes")
-        if not link.fill(timeout_s):
+        if not link.fill():
             raise _Closed("the engine closed the connection without an answer"
                           if not buf else "the engine closed the connection inside its "
                           "answer's head")
