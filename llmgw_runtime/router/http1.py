@@ -3,10 +3,10 @@
 answer's body ends, and the body decoded from its framing as it arrives.
 
 An engine is trusted no further than its answer's shape: a head over :data:`MAX_HEAD`
-bytes or :data:`MAX_HEADERS` fields, a malformed status line or header line, two
-lengths, a chunk size that is not 1-16 hex digits, a size or trailer line over
-:data:`MAX_CHUNK_LINE` bytes, or a chunk that does not end with CRLF raises
-:class:`Malformed` with a message saying which.
+bytes or :data:`MAX_HEADERS` fields, a malformed status line or header line (a name that
+is not a token, a value with control bytes), two lengths, a chunk size that is not 1-16
+hex digits, a size or trailer line over :data:`MAX_CHUNK_LINE` bytes, or a chunk that
+does not end with CRLF raises :class:`Malformed` with a message saying which.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from collections.abc import Mapping
 MAX_HEAD = 65536          # bytes of an answer's status line and headers
 MAX_HEADERS = 100
 MAX_CHUNK_LINE = 4096     # a chunk-size line (extensions included), or a trailer line
+# A field name, or a method: an RFC 9110 token. A field value: no control bytes but tab.
+# (router/worker.py holds requests to the same two rules.)
+TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")
 _SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,16})\r\n")
 
@@ -54,10 +58,13 @@ def parse_head(head: bytes) -> tuple[int, list[tuple[str, str]], dict[str, str]]
     fields: dict[str, str] = {}
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip():
+        if not colon or not TOKEN.match(name):
             raise Malformed(f"a header field of the answer is malformed: {line[:60]!r}")
+        value = value.strip(b" \t")
+        if BAD_VALUE.search(value):
+            raise Malformed(f"a header value of the answer has control bytes: {line[:60]!r}")
         key = name.decode("latin-1")
-        text = value.strip(b" \t").decode("latin-1")
+        text = value.decode("latin-1")
         headers.append((key, text))
         low = key.lower()
         fields[low] = f"{fields[low]}, {text}" if low in fields else text

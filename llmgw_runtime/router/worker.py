@@ -30,7 +30,6 @@ shutdown, TLS, worker heartbeat, ``worker_connections``) and serves each connect
 from __future__ import annotations
 
 import errno
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -41,6 +40,7 @@ from urllib.parse import unquote_to_bytes
 from gunicorn import util
 from gunicorn.workers.ggevent import GeventWorker
 
+from .http1 import BAD_VALUE, TOKEN
 from .rawsock import sender
 
 MAX_HEAD = 65536              # bytes of request line and headers
@@ -49,8 +49,6 @@ MAX_HEADERS = 100
 SMALL_UNREAD_BODY = 1 << 16   # drained to keep the connection; anything larger closes it
 BODY_TIMEOUT_S = 60.0         # the most a client may pause while sending its body
 _BLOCK = 65536
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
-_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _QUIET_ERRNOS = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ESHUTDOWN})
 
@@ -181,7 +179,7 @@ class Connection:
         if len(line) > MAX_REQUEST_LINE:
             raise BadRequest("414 URI Too Long", "the request line is too long")
         parts = line.split(b" ")
-        if len(parts) != 3 or not _TOKEN.match(parts[0]):
+        if len(parts) != 3 or not TOKEN.match(parts[0]):
             raise BadRequest("400 Bad Request", "the request line is malformed")
         method, target, version = parts
         if version not in (b"HTTP/1.1", b"HTTP/1.0"):
@@ -207,10 +205,10 @@ class Connection:
                                  f"more than {MAX_HEADERS} header fields")
             for field in lines:
                 name, colon, value = field.partition(b":")
-                if not colon or not _TOKEN.match(name):
+                if not colon or not TOKEN.match(name):
                     raise BadRequest("400 Bad Request", "a header field is malformed")
                 value = value.strip(b" \t")
-                if _BAD_VALUE.search(value):
+                if BAD_VALUE.search(value):
                     raise BadRequest("400 Bad Request", "a header value has control bytes")
                 if b"_" in name:
                     continue
