@@ -86,7 +86,8 @@ class RouterState:
                                   capacity=self.gate.capacity,
                                   on_tick=self.usage_reporter.post)
         self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s,
-                                   on_unreachable=self.routes.report_unreachable)
+                                   on_unreachable=self.routes.report_unreachable,
+                                   max_buffered=config.max_buffered_answer_bytes)
         self._activated: dict[str, tuple[float, dict[str, Any]]] = {}
         self.key_throttle = Throttle(ROUTER)
 
@@ -162,7 +163,7 @@ class RouterState:
         key_id = environ.get(KEY_ID) or "-"
         limit = table.key_limits.get(key_id)
         if limit is None:
-            meter = Meter(key_id, self.usage)
+            meter = Meter(key_id, self.usage, prompt=estimate_tokens({}, body_bytes))
         else:
             estimate = estimate_tokens(doc, body_bytes) if limit.tpm is not None else 0
             verdict = self.limiter.check(key_id, limit, estimate)
@@ -178,7 +179,8 @@ class RouterState:
                     + f"; retry after {retry_after(verdict.retry_after_s)} s, or ask the "
                     f"operator for a higher limit (`llmgw ctl keys set {limit.name} {flag} "
                     "N`)", kind=kind, retry_after_s=verdict.retry_after_s)
-            meter = Meter(key_id, self.usage, self.limiter, limit, estimate)
+            meter = Meter(key_id, self.usage, self.limiter, limit, estimate,
+                          prompt=estimate_tokens({}, body_bytes))
         environ[METER] = meter
         return meter
 

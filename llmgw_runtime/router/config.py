@@ -25,7 +25,12 @@ class RouterConfig:
     require_api_key: bool = True
     refresh_interval_s: float = 1.0
     activation_timeout_s: float = 120.0
+    # LLMGW_UPSTREAM_TIMEOUT_S: the most an engine may stay silent in one wait (for its
+    # answer's head, or between two pieces of its body); restarted on every byte.
     upstream_timeout_s: float = 600.0
+    # LLMGW_MAX_BUFFERED_ANSWER_MB: a whole (non-streamed) answer larger than this is passed
+    # through to the client as it arrives instead of being read whole first.
+    max_buffered_answer_mb: float = 8.0
     max_body_mb: float = 16.0  # LLMGW_MAX_BODY_MB: larger request bodies get a 413 unread
     tls_cert: str = ""        # serve HTTPS with this certificate and key
     tls_key: str = ""
@@ -41,6 +46,10 @@ class RouterConfig:
             return parse_share(self.slot_share)
         except ValueError:
             return 1, 1
+
+    @property
+    def max_buffered_answer_bytes(self) -> int:
+        return int(self.max_buffered_answer_mb * 1024 * 1024)
 
     @property
     def max_body_bytes(self) -> int:
@@ -73,6 +82,10 @@ class RouterConfig:
         if not 0 < self.max_body_mb <= 4096:
             problems.append(f"max_body_mb {self.max_body_mb:g} must be above 0 and at most 4096 "
                             "(MiB of one request body; default 16)")
+        if not 0 < self.max_buffered_answer_mb <= 1024:
+            problems.append(f"max_buffered_answer_mb {self.max_buffered_answer_mb:g} must be "
+                            "above 0 and at most 1024 (MiB of one engine answer read whole "
+                            "before it is sent on; default 8)")
         try:
             parse_share(self.slot_share)
         except ValueError as exc:

@@ -197,6 +197,17 @@ class MetricsMiddleware:
                 self._metrics.first_byte(environ, took)
             self._metrics.finished(environ, status[0], took)
             return body
+        if hasattr(body, "on_close"):     # a proxied stream (proxy.Stream): tapped, not wrapped
+            metrics = self._metrics
+
+            def first_byte() -> None:
+                metrics.first_byte(environ, time.perf_counter() - started)
+
+            def finished() -> None:
+                metrics.finished(environ, status[0], time.perf_counter() - started)
+            body.first_byte = first_byte     # type: ignore[attr-defined]
+            body.on_close(finished)          # type: ignore[attr-defined]
+            return body
         return _Observed(body, self._metrics, environ, status, started)
 
 

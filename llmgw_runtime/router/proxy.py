@@ -1,11 +1,18 @@
 """Forwarding one request to an engine replica, streaming its answer back.
 
-Connections come from :mod:`.upstream` (a keep-alive pool per upstream on gevent sockets,
-made lazily in the worker after gevent has patched). Streams pass through chunk by chunk as
-they arrive; a client that goes away closes the half-read upstream connection instead of
-returning it to the pool. A replica that cannot be connected to is marked down in this
-worker and handed to ``on_unreachable`` (the router tells the control service on its next
-tick, never on the request's time).
+Connections come from :mod:`.http.client` (a keep-alive pool per upstream on gevent
+sockets, made lazily in the worker after gevent has patched). A streamed answer (and a whole
+one above ``max_buffered`` bytes) is carried to the client piece by piece as it arrives, by
+the relay loop (``http/_relay.py``) when the server hands it the client's socket; a client
+that goes away closes the half-read upstream connection instead of returning it to the
+pool, and an answer that breaks after its head ends the client's connection without the
+chunked terminator. A replica that cannot be connected to is marked down in this worker and
+handed to ``on_unreachable`` (the router tells the control service on its next tick, never
+on the request's time).
+
+What an engine answers reaches the client without its hop-by-hop fields (and those its
+``Connection`` field names), ``Set-Cookie`` (the router's origin is not the engine's) and
+any ``X-Llmgw-*`` field (those are the router's to say).
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ from typing import Any, NamedTuple, Protocol
 
 from .balancer import Balancer, Endpoint
 from .errors import ReplicasUnreachable, UpstreamError
-from .upstream import Answer, BrokeOff, FailedBeforeAnswer, Pools, Unreachable
+from .http.client import Answer, BrokeOff, Closed, FailedBeforeAnswer, Malformed, Pools, \
+    Unreachable
+from .http.errors import StreamBroken
+from .http.relay import impl
+from .rawsock import sender
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +38,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
 # Expect: the router has read the whole body already (an engine asked to wait for a 100
 # that never comes would hang the request).
 _DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key", "expect"}
-_DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length"}
+_DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length", "set-cookie", "set-cookie2"}
+_OURS = "x-llmgw-"
 _STREAM_HEADERS = (("X-Accel-Buffering", "no"), ("Cache-Control", "no-cache"))  # unless set
 REPLICA_HEADER = "X-Llmgw-Replica"     # names the replica that served (not a secret)
 MODEL_HEADER = "X-Llmgw-Model"         # names the model that served (a fallback, say)
@@ -59,17 +71,28 @@ def _header_name(key: str) -> str | None:
 
 
 def downstream_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in headers if k.lower() not in _DROP_DOWN]
+    """The engine's answer fields that go on to the client."""
+    out = []
+    named: set[str] = set()
+    for name, value in headers:
+        low = name.lower()
+        if low == "connection":
+            named.update(v.strip().lower() for v in value.split(","))
+        if low not in _DROP_DOWN and not low.startswith(_OURS):
+            out.append((name, value))
+    return [(k, v) for k, v in out if k.lower() not in named] if named else out
 
 
 class Upstreams:
     """Connection pools per upstream URL, and the forward-with-one-retry logic."""
 
     def __init__(self, balancer: Balancer, timeout_s: float, maxsize: int = 2000,
-                 on_unreachable: Callable[[str, str], None] | None = None) -> None:
+                 on_unreachable: Callable[[str, str], None] | None = None,
+                 max_buffered: int = 8 << 20) -> None:
         self._balancer = balancer
         self._on_unreachable = on_unreachable
         self._pools = Pools(timeout_s, maxsize)
+        self._max_buffered = max_buffered
 
     def forget_except(self, urls: set[str]) -> None:
         """Close pools of upstreams that left the routes table."""
@@ -81,7 +104,8 @@ class Upstreams:
         (admission: it may wait, or raise a 429), or without it the least busy one. A
         failure before the first byte is tried once more, admitted again (on another
         replica when there is one: a replica that refused the connection is marked down
-        and skipped). Raises ReplicasUnreachable when no endpoint could be connected to
+        and skipped), unless the engine may have started it (it was sent and the engine
+        stayed silent: the client gets the error, never a second run). Raises ReplicasUnreachable when no endpoint could be connected to
         (nothing reached an engine: the caller may wait for the control service's view
         and try again)."""
         tried: list[str] = []
@@ -110,6 +134,8 @@ class Upstreams:
                     unreachable_only = False
                     log.warning("replica %s of %s failed before answering (%s)",
                                 ep.replica_id, model, exc)
+                    if not exc.retryable:
+                        break
                 continue
             except BaseException:
                 slot.release()
@@ -139,11 +165,14 @@ class Upstreams:
     def _respond(self, model: str, slot: Slot, answer: Answer) -> Answered:
         ep = slot.endpoint
         ctype = answer.header("content-type") or ""
-        streaming = (answer.header("content-length") is None
-                     or ctype.startswith("text/event-stream"))
+        length = answer.header("content-length")
+        streaming = (length is None or ctype.startswith("text/event-stream")
+                     or int(length) > self._max_buffered)
         headers = downstream_headers(answer.headers)
         headers.append((REPLICA_HEADER, ep.replica_id))
         headers.append((MODEL_HEADER, model))
+        if length is not None and streaming:
+            headers.append(("Content-Length", length))   # passed through as it comes
         if not streaming:
             try:
                 data = answer.read()
@@ -156,7 +185,7 @@ class Upstreams:
             return Answered(answer.status, headers, [data])
         named = {k.lower() for k, _ in headers}
         headers += [(k, v) for k, v in _STREAM_HEADERS if k.lower() not in named]
-        return Answered(answer.status, headers, _Stream(slot, answer))
+        return Answered(answer.status, headers, Stream(slot, answer))
 
 
 class Answered(NamedTuple):
@@ -168,29 +197,75 @@ class Answered(NamedTuple):
     body: Iterable[bytes]
 
 
-class _Stream:
-    """A streamed answer passed through chunk by chunk; its slot is given back when the
-    server closes it (also when the stream never started: the client went away first)."""
+class Stream:
+    """A streamed answer, carried to the client as it comes: by the relay loop when the
+    server hands over the client's socket (:meth:`relay`), else piece by piece (iterated).
+    Its slot is given back when the server closes it (also when it never started: the
+    client went away first). ``scan`` (usage, ``usage.py``) sees every piece; ``first_byte``
+    is called before the first one goes out; ``on_close`` callbacks run at the close."""
 
-    __slots__ = ("_slot", "_answer")
+    __slots__ = ("_slot", "_answer", "scan", "first_byte", "_closers", "_closed")
 
     def __init__(self, slot: Slot, answer: Answer) -> None:
         self._slot = slot
         self._answer = answer
+        self.scan: Any = None
+        self.first_byte: Callable[[], None] | None = None
+        self._closers: list[Callable[[], None]] = []
+        self._closed = False
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        self._closers.append(callback)
+
+    def relay(self, sock: Any, head: bytes, chunked: bool) -> None:
+        """The whole answer to the client's socket ``sock``, after ``head`` (the server's
+        contract: StreamBroken when the answer broke, OSError when the client left)."""
+        answer = self._answer
+        try:
+            impl.relay(answer.link, answer.reader, sender(sock), head, chunked, self.scan,
+                       self.first_byte)
+        except (Closed, Malformed) as exc:
+            self._broke(exc)
+        answer.release()
+
+    def _broke(self, exc: BaseException) -> None:
+        log.warning("stream from replica %s broke off: %s", self._slot.endpoint.replica_id,
+                    exc)
+        raise StreamBroken(f"the engine's answer broke off: {exc}") from None
 
     def __iter__(self) -> Iterator[bytes]:
+        scan, first_byte = self.scan, self.first_byte
         try:
-            yield from self._answer.chunks()
+            for data in self._answer.chunks():
+                if scan is not None:
+                    data = scan.feed(data)
+                    if not data:
+                        continue
+                if first_byte is not None:
+                    first_byte()
+                    first_byte = None
+                yield data
         except BrokeOff as exc:
-            # Headers are already sent: the client sees a truncated stream.
-            log.warning("stream from replica %s broke off: %s",
-                        self._slot.endpoint.replica_id, exc)
+            self._broke(exc)
+        rest = scan.end() if scan is not None else b""
+        if rest:
+            if first_byte is not None:
+                first_byte()
+            yield rest
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._answer.close()   # a no-op after a complete answer; else never reuse it
         finally:
             self._slot.release()
+            for callback in self._closers:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("a stream's close callback failed")
 
 
 class Slot(Protocol):

@@ -139,17 +139,19 @@ class StreamScan:
     back: the incomplete end of a chunk, and a finishing chunk (``finish_reason`` set)
     until the next event arrives."""
 
-    __slots__ = ("path", "tokens", "_strip", "_carry", "_held", "_gave_up")
+    __slots__ = ("path", "tokens", "events", "_strip", "_carry", "_held", "_gave_up")
 
     def __init__(self, path: str, strip: bool = False) -> None:
         self.path = path
         self.tokens: Tokens | None = None
+        self.events = 0        # data events seen: what a stream cut short is charged
         self._strip = strip
         self._carry = b""
         self._held: bytes | None = None
         self._gave_up = False
 
     def feed(self, chunk: bytes) -> bytes:
+        self.events += chunk.count(b"data:")
         if self._gave_up:
             return chunk
         data = self._carry + chunk if self._carry else chunk

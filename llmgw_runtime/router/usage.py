@@ -30,7 +30,7 @@ import pydantic
 
 from ..api.usage import MAX_USAGE_ENTRIES, UsageEntry, UsageReport
 from .limits import KeyLimit, Limiter
-from .proxy import Answered
+from .proxy import Answered, Stream
 from .tokens import BodyScan, StreamScan, Tokens, asking_usage, usage_asked, usage_in_body
 
 log = logging.getLogger(__name__)
@@ -157,16 +157,18 @@ class UsageReporter:
 class Meter:
     """One request's usage and, for a key with a token limit, its settlement."""
 
-    __slots__ = ("key_id", "_book", "_limiter", "_limit", "_estimate", "_strip", "_tokens",
-                 "_answered", "_finished")
+    __slots__ = ("key_id", "_book", "_limiter", "_limit", "_estimate", "_prompt", "_strip",
+                 "_tokens", "_answered", "_finished", "_tap")
 
     def __init__(self, key_id: str, book: UsageBook, limiter: Limiter | None = None,
-                 limit: KeyLimit | None = None, estimate: int = 0) -> None:
+                 limit: KeyLimit | None = None, estimate: int = 0, prompt: int = 0) -> None:
         self.key_id = key_id
         self._book = book
         self._limiter = limiter
         self._limit = limit
-        self._estimate = estimate
+        self._estimate = estimate     # charged at admission: prompt and most output
+        self._prompt = prompt         # the prompt's estimate alone
+        self._tap: tuple[Stream, _Tap] | None = None
         self._strip = False
         self._tokens: int | None = None
         self._answered = False
@@ -191,6 +193,12 @@ class Meter:
         ctype = next((v for k, v in answer.headers if k.lower() == "content-type"), "")
         scan = (StreamScan(path, self._strip) if ctype.startswith("text/event-stream")
                 else BodyScan(path))
+        if isinstance(body, Stream):
+            body.scan = scan
+            tap = _Tap(scan, self, model)
+            body.on_close(tap.close)
+            self._tap = (body, tap)
+            return answer
         return Answered(answer.status, answer.headers, Metered(body, scan, self, model))
 
     def record(self, model: str, tokens: Tokens | None) -> None:
@@ -203,13 +211,21 @@ class Meter:
         once it closes."""
         if isinstance(body, Metered):
             body.final = True
+        elif self._tap is not None and self._tap[0] is body:
+            self._tap[1].final = True
         else:
             self.finish()
 
+    def cut_short(self, scan: StreamScan | BodyScan) -> Tokens | None:
+        """The tokens of a stream that ended without the engine's count (its client left
+        first): the prompt's estimate and one completion token per data event relayed."""
+        events = getattr(scan, "events", 0)
+        return Tokens(self._prompt, events) if events else None
+
     def finish(self) -> None:
-        """Settle the key's token limit with the tokens the engine said (the estimate
-        when an answer came without them: a stream cut short; nothing when no engine
-        answered)."""
+        """Settle the key's token limit with the tokens the engine said (for a stream cut
+        short, what was relayed, or the estimate when nothing was counted; nothing when no
+        engine answered)."""
         if self._finished:
             return
         self._finished = True
@@ -218,6 +234,27 @@ class Meter:
         used = self._tokens if self._tokens is not None else (
             self._estimate if self._answered else 0)
         self._limiter.settle(self.key_id, self._limit, self._estimate, used)
+
+
+class _Tap:
+    """The usage of a :class:`~.proxy.Stream`: recorded (and, for the request's final
+    answer, settled) when the stream closes."""
+
+    __slots__ = ("_scan", "_meter", "_model", "final")
+
+    def __init__(self, scan: StreamScan | BodyScan, meter: Meter, model: str) -> None:
+        self._scan = scan
+        self._meter = meter
+        self._model = model
+        self.final = False
+
+    def close(self) -> None:
+        tokens = self._scan.tokens
+        if tokens is None:
+            tokens = self._meter.cut_short(self._scan)
+        self._meter.record(self._model, tokens)
+        if self.final:
+            self._meter.finish()
 
 
 class Metered:

@@ -1,8 +1,219 @@
-"""The per-chunk relay loop (placeholder until the client moves onto httptools)."""
+"""What the router does for every piece of an engine's answer, in one module that Cython
+compiles (``setup.py`` builds it as ``_crelay``; ``relay.py`` picks one): the answer read
+with httptools (llhttp) as it arrives, and a streamed answer carried to its client.
+
+- :class:`Reader`: one answer's head and body through ``httptools.HttpResponseParser``,
+  held to the router's bounds: a head of at most :data:`MAX_HEAD` bytes (counted exactly:
+  the parser is never given more than that before the head ends) and :data:`MAX_HEADERS`
+  fields; an engine's ``101`` is refused (the router speaks no other protocol), other
+  interim ``1xx`` answers are skipped; bytes after the answer mark the connection as not
+  to be reused. Anything llhttp refuses (two lengths, a bad chunk, control bytes) raises
+  :class:`Malformed` with llhttp's reason.
+- :func:`next_piece`: the next decoded piece of a body, waiting on the connection (each
+  wait has the connection's idle limit, restarted on every byte: a stream that keeps
+  sending is never cut).
+- :func:`relay`: a streamed answer carried to the client: decoded, passed through the
+  usage scan, framed for the client and sent on the OS socket, one loop per piece with no
+  Python frame between the engine's bytes and the client's but the scan's.
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade
+from httptools import HttpResponseParser
+
+MAX_HEAD = 65536          # bytes of an answer's status line and header fields
+MAX_HEADERS = 100
+TERMINATOR = b"0\r\n\r\n"
+
+
+class Malformed(Exception):
+    """The engine's answer is not HTTP/1.1 as the router reads it."""
+
+
+class Closed(Exception):
+    """The engine closed the connection before its answer was complete."""
+
+
+class Reader:
+    """One answer through httptools; ``pieces`` gathers the decoded body as it arrives."""
+
+    def __init__(self) -> None:
+        self.parser = HttpResponseParser(self)
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.fields: dict[str, str] = {}
+        self.pieces: list[bytes] = []
+        self.head_done = False
+        self.done = False
+        self.keep = False
+        self.extra = False          # bytes after the answer: the connection is not reused
+        self.error: Malformed | None = None   # the body broke after these pieces
+        self._fed = 0               # bytes given to the parser before the head ended
+        self._interim = False
+
+    # -- httptools' callbacks ---------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.done:
+            self.extra = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            raise Malformed(f"the answer has more than {MAX_HEADERS} header fields")
+        key = name.decode("latin-1")
+        text = value.decode("latin-1")
+        self.headers.append((key, text))
+        low = key.lower()
+        fields = self.fields
+        fields[low] = f"{fields[low]}, {text}" if low in fields else text
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status == 101:
+            raise Malformed("the engine answered 101 Switching Protocols, which the router "
+                            "does not speak")
+        if status < 200:                     # 100, 102, 103: an interim answer, skipped
+            self._interim = True
+            self.headers = []
+            self.fields = {}
+            return
+        self.status = status
+        self.keep = self.parser.should_keep_alive()
+        self.head_done = True
+
+    def on_body(self, data: bytes) -> None:
+        self.pieces.append(data)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+        else:
+            self.done = True
+
+    # -- feeding ----------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Give the parser what arrived (the head's bound is exact: at most
+        :data:`MAX_HEAD` bytes reach it before the head ends)."""
+        if self.done or self.error is not None:
+            self.extra = True
+            return
+        if not self.head_done:
+            room = MAX_HEAD - self._fed
+            if len(data) > room:
+                self._feed(data[:room])
+                self._fed = MAX_HEAD
+                if not self.head_done:
+                    raise Malformed(f"the answer's head is over {MAX_HEAD} bytes")
+                data = data[room:]
+            else:
+                self._fed += len(data)
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except HttpParserCallbackError as exc:
+            cause = exc.__context__
+            raise cause if isinstance(cause, Malformed) else Malformed(str(exc)) from None
+        except HttpParserUpgrade:
+            raise Malformed("the engine answered with a protocol upgrade") from None
+        except HttpParserError as exc:
+            if self.done:                    # what follows the answer is not the router's
+                self.extra = True
+                return
+            error = Malformed(f"the answer is malformed: {exc}")
+            if not self.head_done:
+                raise error from None
+            self.error = error               # raised once the pieces before it are taken
+
+    def at_close(self) -> bool:
+        """The engine closed the connection: whether that ends the answer (a body with
+        neither a length nor chunks ends at the close)."""
+        if self.done:
+            return True
+        if self.head_done and "content-length" not in self.fields and \
+                self.fields.get("transfer-encoding", "").lower().rpartition(",")[2].strip() \
+                != "chunked":
+            self.done = True
+        return self.done
+
+    def take(self) -> bytes:
+        pieces = self.pieces
+        if len(pieces) == 1:
+            data = pieces[0]
+        else:
+            data = b"".join(pieces)
+        pieces.clear()
+        return data
+
+
+def next_piece(link: Any, reader: Reader) -> bytes | None:
+    """The next decoded piece of the answer's body, None at its end. Raises Closed,
+    Malformed, TimeoutError (no byte for the connection's idle limit) or OSError."""
+    while True:
+        if reader.pieces:
+            data = reader.take()
+            if data:
+                return data
+        if reader.error is not None:
+            raise reader.error
+        if reader.done:
+            return None
+        got = link.read()
+        if not got:
+            if reader.at_close():
+                continue
+            raise Closed("the engine closed the connection mid-answer")
+        reader.feed(got)
 
 
 def frame(data: bytes) -> bytes:
     """``data`` as one chunk of the chunked transfer coding."""
     return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def relay(link: Any, reader: Reader, send: Any, head: bytes, chunked: bool, scan: Any,
+          first_byte: Any) -> None:
+    """Carry the rest of the answer to the client: ``send`` (all of its bytes to the
+    client) gets the head with the first piece, then each piece as it comes (chunk-framed
+    when ``chunked``) and at the end the terminator. ``scan`` (or None) sees every piece
+    and says what to pass on; ``first_byte`` (or None) is called once, before the first
+    piece is sent. Raises Closed or Malformed when the engine's answer broke (the caller
+    ends the client's connection without the terminator), OSError when the client went
+    away."""
+    pending: bytes | None = head
+    while True:
+        try:
+            data = next_piece(link, reader)
+        except OSError as exc:           # the engine's side (the client's raises from send)
+            raise Closed(f"{type(exc).__name__}: {exc}") from None
+        if data is None:
+            break
+        if scan is not None:
+            data = scan.feed(data)
+            if not data:
+                continue
+        if first_byte is not None:
+            first_byte()
+            first_byte = None
+        if chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        if pending is not None:
+            data = pending + data
+            pending = None
+        send(data)
+    tail = scan.end() if scan is not None else b""
+    if tail:
+        if first_byte is not None:
+            first_byte()
+        tail = frame(tail) if chunked else tail
+    if chunked:
+        tail += TERMINATOR
+    if pending is not None:
+        tail = pending + tail
+    if tail:
+        send(tail)

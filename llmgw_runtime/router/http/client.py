@@ -1,26 +1,21 @@
-"""HTTP/1.1 to the engines: one keep-alive connection pool per upstream, on gevent sockets.
+"""HTTP/1.1 to the engines: a keep-alive connection pool per upstream, on gevent sockets,
+answers read by httptools (``relay.impl.Reader``).
 
-The router sends one kind of request (a POST with a body it has read whole) and reads
-answers of three framings (a length, chunks, or up to the close), so it speaks just that
-much HTTP itself. The request goes out in one send; the answer's head is parsed in one
-pass; a streamed answer's chunks are decoded as they arrive, each read straight on the OS
-socket after one wait for it to be readable (and sent on with :mod:`.rawsock`). Side by
-side with ``../shared/bench-proxy``'s engine this costs about 15 % less CPU per proxied
-request than geventhttpclient did, which ran a Python callback per header field and per
-body piece, built each request through its Headers class and made watchers for a
-``select`` on every pooled connection it handed out (docs/performance.md).
-
-An answer that is not HTTP/1.1 as :mod:`.http1` reads it breaks off with a message saying
-why.
+The router sends one kind of request (a POST with a body it has read whole), in one send.
+Every wait for the engine has the pool's idle limit, restarted on every byte that arrives:
+a stream that keeps sending is never cut, and a pooled connection's past waits never count
+against its next request.
 
 Failures are sorted by what a caller may do about them:
 
 - :class:`Unreachable`: no connection could be made (refused, no route, no such host):
   nothing reached the engine; the replica may be marked down.
-- :class:`FailedBeforeAnswer`: connected, but the engine answered nothing (a reset, a
-  close, a timeout): the request may be tried once more elsewhere. A kept-alive
-  connection the engine closed as it was reused (llama.cpp closes idle ones after 5 s)
-  is not that: the request is sent once more on a new connection first.
+- :class:`FailedBeforeAnswer`: the engine answered nothing. ``retryable`` says whether the
+  request may be sent elsewhere: only when the engine closed or reset the connection
+  before a single byte of its answer (it died, or dropped a kept-alive connection). After
+  the idle limit with no answer the engine may be working on it: never sent again. A
+  kept-alive connection the engine closed as it was reused (llama.cpp closes idle ones
+  after 5 s) is sent once more on a new connection first.
 - :class:`BrokeOff`: the answer started and then broke: too late to retry.
 """
 
@@ -38,13 +33,15 @@ import gevent
 import gevent.socket
 from gevent import ssl as gssl
 
-from .http1 import CLOSE, MAX_HEAD, Body, Malformed, framing, parse_head, request
-from .rawsock import os_socket, sender
+from ..rawsock import os_socket, sender
+from .relay import impl
 
 BLOCK = 65536
 RESOLVE_TTL_S = 10.0      # an upstream's address is looked up again after this long
 _UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                                  errno.EADDRNOTAVAIL})
+Malformed = impl.Malformed
+Closed = impl.Closed
 
 
 class UpstreamFailure(Exception):
@@ -56,15 +53,19 @@ class Unreachable(UpstreamFailure):
 
 
 class FailedBeforeAnswer(UpstreamFailure):
-    """Connected, but no answer came."""
+    """Connected, but no answer came; ``retryable``: nothing says the engine started it."""
+
+    def __init__(self, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class BrokeOff(UpstreamFailure):
     """The answer started, then broke off."""
 
 
-class _Closed(Exception):
-    """The engine closed the connection before its answer was complete."""
+class Idle(TimeoutError):
+    """No byte from the engine for the idle limit."""
 
 
 def describe(exc: BaseException) -> str:
@@ -72,54 +73,70 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300]
 
 
-class _Link:
-    """One connection to an engine, with what has been read from it and not yet used, and
-    the one io watcher and timer its reads wait on (made at its first wait, kept while it
-    is pooled: a watcher not started costs nothing)."""
+def request(path: str, authority: str, headers: Mapping[str, str], body: bytes) -> bytes:
+    """A POST of ``body`` with ``headers`` (none may hold a line break: ValueError)."""
+    lines = [f"POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: {len(body)}\r\n"]
+    for name, value in headers.items():
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+            raise ValueError(f"request header {name!r} has a line break")
+        lines.append(f"{name}: {value}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1") + body
 
-    __slots__ = ("sock", "buf", "sendall", "_raw", "_timeout_s", "_hub", "_io", "_timer",
-                 "_why")
 
-    def __init__(self, sock: Any, timeout_s: float) -> None:
+class Link:
+    """One connection to an engine, with the io watcher and the timer its waits use (made
+    at its first wait, kept while it is pooled: a watcher not started costs nothing)."""
+
+    __slots__ = ("sock", "sendall", "got_bytes", "_raw", "_idle_s", "_hub", "_io", "_timer")
+
+    def __init__(self, sock: Any, idle_s: float) -> None:
         self.sock = sock
-        self.buf = bytearray()
         self.sendall = sender(sock)
+        self.got_bytes = False      # any byte of the current answer read
         self._raw = os_socket(sock)    # None: TLS
-        self._timeout_s = timeout_s
+        self._idle_s = idle_s
         self._hub: Any = None
         self._io: Any = None
         self._timer: Any = None
-        self._why = TimeoutError(f"no data from the engine for {timeout_s:g} s")
 
-    def fill(self) -> bool:
-        """Wait (at most the pool's network timeout) for more of the answer and add it to
-        the buffer; False when the engine closed the connection. No data for that long
-        raises TimeoutError. (Called for every chunk of a stream: written for that.)"""
+    def read(self) -> bytes:
+        """What arrives next (b"" when the engine closed), after a wait of at most the idle
+        limit (Idle), which starts again at every call."""
         raw = self._raw
         if raw is None:            # TLS: its object may hold data the socket does not show
-            self.sock.settimeout(self._timeout_s)
-            got = self.sock.recv(BLOCK)
+            self.sock.settimeout(self._idle_s)
+            try:
+                got: bytes = self.sock.recv(BLOCK)
+            except TimeoutError:
+                raise Idle(f"no data from the engine for {self._idle_s:g} s") from None
         else:
-            if self._io is None:
-                self._hub = gevent.get_hub()
-                self._io = self._hub.loop.io(self.sock.fileno(), 1)
-                self._timer = self._hub.loop.timer(self._timeout_s)
-            timer = self._timer
-            while True:
-                timer.start(gevent.getcurrent().throw, self._why)
-                try:
-                    self._hub.wait(self._io)
-                finally:
-                    timer.stop()
-                try:
-                    got = raw.recv(BLOCK)
-                    break
-                except BlockingIOError:
-                    continue       # woken, but nothing to read after all
-        if not got:
-            return False
-        self.buf += got
-        return True
+            try:
+                got = raw.recv(BLOCK)      # often there already: no wait at all
+            except BlockingIOError:
+                got = self._wait_and_read(raw)
+        if got:
+            self.got_bytes = True
+        return got
+
+    def _wait_and_read(self, raw: Any) -> bytes:
+        if self._io is None:
+            self._hub = gevent.get_hub()
+            self._io = self._hub.loop.io(self.sock.fileno(), 1)
+            # repeat = the limit: again() arms it for the whole limit from now, every wait
+            self._timer = self._hub.loop.timer(self._idle_s, self._idle_s)
+        timer = self._timer
+        while True:
+            timer.again(gevent.getcurrent().throw,
+                        Idle(f"no data from the engine for {self._idle_s:g} s"))
+            try:
+                self._hub.wait(self._io)
+            finally:
+                timer.stop()
+            try:
+                return raw.recv(BLOCK)    # type: ignore[no-any-return]
+            except BlockingIOError:
+                continue       # woken, but nothing to read after all
 
     def alive(self) -> bool:
         """Whether an idle pooled connection is still open: a peek that finds nothing to
@@ -149,31 +166,31 @@ class _Link:
 class _Pool:
     """Idle keep-alive connections to one upstream (the most recently used first)."""
 
-    def __init__(self, url: str, connect_timeout: float, timeout_s: float,
-                 maxsize: int) -> None:
+    def __init__(self, url: str, connect_timeout: float, idle_s: float, maxsize: int) -> None:
         parts = urlsplit(url)
         self.tls = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if self.tls else 80)
         self.authority = parts.netloc.rpartition("@")[2] or self.host
         self._connect_timeout = connect_timeout
-        self._timeout_s = timeout_s
+        self._idle_s = idle_s
         self._maxsize = maxsize
-        self._idle: list[_Link] = []
+        self._idle: list[Link] = []
         self._closed = False       # the upstream left the routes table
         self._resolved: tuple[float, list[Any]] | None = None
         self._context = gssl.create_default_context() if self.tls else None
 
-    def get(self) -> tuple[_Link, bool]:
+    def get(self) -> tuple[Link, bool]:
         """A connection, and whether it was used before."""
         while self._idle:
             link = self._idle.pop()
             if link.alive():
+                link.got_bytes = False
                 return link, True
             link.close()
-        return _Link(self._connect(), self._timeout_s), False
+        return Link(self._connect(), self._idle_s), False
 
-    def put(self, link: _Link) -> None:
+    def put(self, link: Link) -> None:
         if len(self._idle) < self._maxsize and not self._closed:
             self._idle.append(link)
         else:
@@ -186,8 +203,7 @@ class _Pool:
     def _addresses(self) -> list[Any]:
         """The upstream's addresses, looked up at most every :data:`RESOLVE_TTL_S` (under
         gevent each lookup is a trip through the resolver's thread pool, even for an IP
-        address: a tenth of the router's CPU while a thousand streams open their
-        connections)."""
+        address)."""
         now = time.monotonic()
         if self._resolved is None or now - self._resolved[0] > RESOLVE_TTL_S:
             found = gevent.socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)
@@ -221,70 +237,62 @@ class _Pool:
 class Answer:
     """One upstream answer: status and headers read, the body still on the connection."""
 
-    __slots__ = ("status", "headers", "_fields", "_link", "_pool", "_body", "_keep", "_done")
+    __slots__ = ("status", "headers", "link", "reader", "_pool", "_done")
 
-    def __init__(self, link: _Link, pool: _Pool, status: int, headers: list[tuple[str, str]],
-                 fields: dict[str, str], body: Body, keep: bool) -> None:
-        self.status = status
-        self.headers = headers
-        self._fields = fields
-        self._link = link
+    def __init__(self, link: Link, pool: _Pool, reader: Any) -> None:
+        self.status: int = reader.status
+        self.headers: list[tuple[str, str]] = reader.headers
+        self.link = link
+        self.reader = reader
         self._pool = pool
-        self._body = body
-        self._keep = keep
         self._done = False
 
     def header(self, name: str) -> str | None:
-        return self._fields.get(name.lower())
+        return self.reader.fields.get(name.lower())  # type: ignore[no-any-return]
 
     def read(self) -> bytes:
         """The whole body; the connection goes back to its pool."""
         return b"".join(self.chunks())
 
     def chunks(self) -> Iterator[bytes]:
-        """The body as it arrives (chunked transfer decoded); the connection goes back to
-        its pool at the end, or is closed when the caller stops early (:meth:`close`).
-        No data for the pool's network timeout breaks the answer off."""
-        link, buf, body = self._link, self._link.buf, self._body
-        take = body.take
+        """The body as it arrives (decoded); the connection goes back to its pool at the
+        end, or is closed when the caller stops early (:meth:`close`)."""
+        next_piece, link, reader = impl.next_piece, self.link, self.reader
         try:
             while True:
-                if buf:
-                    data = take(buf)
-                    if data:
-                        yield data
-                if body.ended:
+                data = next_piece(link, reader)
+                if data is None:
                     break
-                if not link.fill():
-                    if body.at_close():
-                        break
-                    raise _Closed("the engine closed the connection mid-answer")
-        except (OSError, _Closed, Malformed) as exc:
+                yield data
+        except (OSError, Closed, Malformed) as exc:
             self.close()
             raise BrokeOff(describe(exc)) from None
-        self._release()
+        self.release()
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """The answer was read to its end: its connection back to the pool, unless it may
+        not be reused."""
         if not self._done:
             self._done = True
-            if self._keep and not self._link.buf:
-                self._pool.put(self._link)
+            reader = self.reader
+            if reader.keep and not reader.extra and reader.done:
+                self._pool.put(self.link)
             else:
-                self._link.close()
+                self.link.close()
 
     def close(self) -> None:
         """Drop the connection (a half-read body must never be reused)."""
         if not self._done:
             self._done = True
-            self._link.close()
+            self.link.close()
 
 
 class Pools:
     """A connection pool per upstream URL (scheme://host:port)."""
 
-    def __init__(self, timeout_s: float, maxsize: int = 2000) -> None:
-        self._connect_timeout = min(10.0, timeout_s)
-        self._timeout = timeout_s
+    def __init__(self, idle_s: float, maxsize: int = 2000) -> None:
+        self._connect_timeout = min(10.0, idle_s)
+        self._idle_s = idle_s
         self._maxsize = maxsize
         self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
@@ -296,7 +304,7 @@ class Pools:
                 pool = self._pools.get(url)
                 if pool is None:
                     pool = self._pools[url] = _Pool(url, self._connect_timeout,
-                                                    self._timeout, self._maxsize)
+                                                    self._idle_s, self._maxsize)
         return pool
 
     def forget_except(self, urls: set[str]) -> None:
@@ -306,7 +314,7 @@ class Pools:
                 self._pools.pop(url).close()
 
     def post(self, url: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """POST ``body``; the answer with its headers read. Raises Unreachable or
+        """POST ``body``; the answer with its head read. Raises Unreachable or
         FailedBeforeAnswer (nothing of an answer arrived)."""
         pool = self._pool(url)
         data = request(path, pool.authority, headers, body)
@@ -318,19 +326,21 @@ class Pools:
             except OSError as exc:
                 if exc.errno in _UNREACHABLE_ERRNOS:
                     raise Unreachable(describe(exc)) from None
-                raise FailedBeforeAnswer(describe(exc)) from None
+                raise FailedBeforeAnswer(describe(exc), retryable=True) from None
             try:
                 link.sendall(data)
-                return self._answer(link, pool)
-            except (_Closed, ConnectionResetError, BrokenPipeError) as exc:
+                return _answer(link, pool)
+            except (Closed, ConnectionResetError, BrokenPipeError) as exc:
                 link.close()
+                if link.got_bytes:
+                    raise FailedBeforeAnswer(describe(exc)) from None
                 if reused and attempt == 0:
                     # A kept-alive connection the engine closed as it was reused: the
                     # others idle as long are likely closed too. Drop them and send
                     # once more, on a new connection.
                     pool.drop_idle()
                     continue
-                raise FailedBeforeAnswer(describe(exc)) from None
+                raise FailedBeforeAnswer(describe(exc), retryable=True) from None
             except (OSError, Malformed) as exc:
                 link.close()
                 raise FailedBeforeAnswer(describe(exc)) from None
@@ -339,29 +349,15 @@ class Pools:
                 raise
         raise AssertionError("unreachable")   # pragma: no cover
 
-    def _answer(self, link: _Link, pool: _Pool) -> Answer:
-        while True:
-            head = _read_head(link)
-            status, headers, fields = parse_head(head)
-            if status >= 200 or status == 101:
-                break                          # 1xx before the answer: skipped
-        mode, length = framing(status, fields)
-        keep = (mode != CLOSE and "close" not in fields.get("connection", "").lower()
-                and head.startswith(b"HTTP/1.1"))
-        return Answer(link, pool, status, headers, fields, Body(mode, length), keep)
 
-
-def _read_head(link: _Link) -> bytes:
-    buf = link.buf
-    while True:
-        end = buf.find(b"\r\n\r\n")
-        if end >= 0:
-            head = bytes(buf[:end])
-            del buf[:end + 4]
-            return head
-        if len(buf) > MAX_HEAD:
-            raise Malformed(f"the answer's head is over {MAX_HEAD} bytes")
-        if not link.fill():
-            raise _Closed("the engine closed the connection without an answer"
-                          if not buf else "the engine closed the connection inside its "
-                          "answer's head")
+def _answer(link: Link, pool: _Pool) -> Answer:
+    """Read until the answer's head is parsed (what came with it stays in the reader)."""
+    reader = impl.Reader()
+    while not reader.head_done:
+        got = link.read()
+        if not got:
+            raise Closed("the engine closed the connection inside its answer's head"
+                         if link.got_bytes else
+                         "the engine closed the connection without an answer")
+        reader.feed(got)
+    return Answer(link, pool, reader)
