@@ -13,8 +13,8 @@ and ``llmgw doctor`` say which one runs). docs/architecture.md, "The compiled re
 
 from __future__ import annotations
 
+import hashlib
 import os
-import shutil
 import sys
 
 from setuptools import Extension, setup
@@ -22,6 +22,9 @@ from setuptools.command.build_ext import build_ext
 
 SOURCE = os.path.join("llmgw_runtime", "router", "http", "_relay.py")
 MODULE = "llmgw_runtime.router.http._crelay"
+# The compiled module's name for the sha256 of the source it was compiled from: a build
+# older than its source is found (the router's start-up log, `llmgw doctor`, the tests).
+DIGEST_NAME = "SOURCE_SHA256"
 HINT = ("the router will run the interpreted relay. Install build-essential and "
         "python3-dev and reinstall")
 
@@ -76,7 +79,12 @@ class OptionalBuildExt(build_ext):
         workdir = os.path.join(self.build_temp, "relay")
         os.makedirs(workdir, exist_ok=True)
         copy = os.path.join(workdir, ext.name.rpartition(".")[2] + ".py")
-        shutil.copyfile(ext.sources[0], copy)
+        with open(ext.sources[0], "rb") as fh:
+            source = fh.read()
+        with open(copy, "wb") as fh:
+            fh.write(source + b"\n\n# Written by setup.py: the source this module was "
+                     b"compiled from.\n%s = %r\n"
+                     % (DIGEST_NAME.encode(), hashlib.sha256(source).hexdigest()))
         [compiled] = cythonize([Extension(ext.name, [copy])], language_level=3,
                                compiler_directives={"binding": True}, annotate=False,
                                quiet=True)

@@ -9,6 +9,9 @@ from typing import Any
 
 from ..devices.model import Discovery
 from ..engines.llamacpp_build import BUILD_HINT, RPC_SERVER_NAMES, LlamaCppBuild
+from .relay_loop import FIX as RELAY_FIX
+from .relay_loop import REBUILD as RELAY_REBUILD
+from .relay_loop import RelayLoop
 
 OK, WARNING, ERROR = "ok", "warning", "error"
 GPU_SPECS = ("auto", "nvml", "nvidia-smi")
@@ -38,6 +41,7 @@ class Facts:
     control_url: str | None = None
     control_ok: bool | None = None
     control_detail: str | None = None
+    relay: RelayLoop | None = None          # the router's relay loop; None: not looked at
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,22 @@ def diagnose(facts: Facts) -> list[Finding]:
             findings += _cards(usable)
     elif facts.other is not None:
         findings += _other(facts, facts.other)
-    return _settings(facts) + findings + _rest(facts)
+    return _settings(facts) + findings + _rest(facts) + _relay(facts.relay)
+
+
+def _relay(relay: RelayLoop | None) -> list[Finding]:
+    """Which relay loop a router on this node runs: compiled, or the interpreted fallback."""
+    if relay is None:
+        return []
+    line = f"router relay loop: {relay.describe()}"
+    if relay.problem:
+        return [Finding(ERROR, "router", line, "set LLMGW_ROUTER_RELAY to auto, compiled or "
+                        f"interpreted; for the compiled one, {RELAY_FIX}")]
+    if relay.stale:
+        return [Finding(WARNING, "router", line, RELAY_REBUILD)]
+    if relay.kind == "interpreted" and not relay.chosen:
+        return [Finding(WARNING, "router", line, RELAY_FIX)]
+    return [Finding(OK, "router", line)]
 
 
 def _settings(facts: Facts) -> list[Finding]:

@@ -17,6 +17,7 @@ from ..engines.llamacpp_build import LlamaCppBuild, cpu_engine, inspect
 from ..errors import LlmgwError
 from .diagnose import GPU_SPECS, Facts, WeightsDir
 from .local import LocalSettings
+from .relay_loop import inspect as inspect_relay
 
 
 def engines(config: AgentConfig) -> dict[str, str | None]:
@@ -102,4 +103,4 @@ def gather(config: AgentConfig, *, nvml: DeviceSource | None = None,
                  settings_problem=local.problem if local is not None else None,
                  engines=engines(config), llama_cpp=llama_cpp(config), weights=weights(config.weights_dirs),
                  control_url=config.control_url or None, control_ok=ok,
-                 control_detail=detail)
+                 control_detail=detail, relay=inspect_relay())

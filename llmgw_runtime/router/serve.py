@@ -36,6 +36,8 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from .. import tls
+from ..doctor.relay_loop import inspect as inspect_relay
+from ..errors import ConfigError
 from . import homes, limits, slots
 from .config import RouterConfig
 
@@ -136,6 +138,13 @@ def run(config: RouterConfig) -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
+    # Which relay loop runs, compiled or interpreted (router/http/relay.py chooses; the
+    # workers import the same choice): a refused LLMGW_ROUTER_RELAY stops the router here.
+    relay_loop = inspect_relay()
+    if relay_loop.problem:
+        raise ConfigError(relay_loop.problem)
+    logging.getLogger(__name__).log(logging.WARNING if relay_loop.stale else logging.INFO,
+                                    "relay loop: %s", relay_loop.describe())
     metrics_dir = tempfile.mkdtemp(prefix="llmgw-router-metrics-")   # mode 0700
     os.environ[MULTIPROC_DIR_ENV] = metrics_dir     # fresh: no counts of an earlier run
     slots_dir = tempfile.mkdtemp(prefix="llmgw-router-slots-")

@@ -183,7 +183,9 @@ def test_on_the_machine_of_llmgw_up_it_checks_the_cpu_agent_up_runs_and_passes(
     assert written["LLMGW_DEVICES"] == "cpu"
     assert (no_local_agent / "agent.env").stat().st_mode & 0o077 == 0
     code, report = doctor_json()
-    assert code == 0, report["findings"]
+    # The router's relay loop is a warning where pip had no compiler (test_doctor_relay.py).
+    relay_ok = all(f["level"] == OK for f in report["findings"] if f["topic"] == "router")
+    assert code == (0 if relay_ok else 1), report["findings"]
     assert report["devices"] == "cpu" and report["nvml"] is None
     first = report["findings"][0]
     assert first["topic"] == "settings" and str(no_local_agent / "agent.env") in first["message"]
