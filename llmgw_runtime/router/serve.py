@@ -19,10 +19,11 @@ per-key limits' table (``limits.py``) is made next to it.
 Usage: a worker that exits posts the usage it has not reported yet (``worker_exit``), so
 a graceful restart loses none.
 
-Connections: each worker is :class:`.worker.RouterWorker`, gunicorn's gevent worker with
-a lean HTTP/1.1 loop of its own (strict parsing, an answer's head and body in one send; a
-request answered before its body was read closes its connection unless what is left is
-at most 64 KiB).
+Connections: each worker is :class:`.http.server.RouterWorker`, gunicorn's gevent worker
+with an HTTP/1.1 loop of its own (requests parsed by httptools, deadlines for a request's
+head and whole body, an answer's head and body in one send, a lingering close after an
+answer given before the body was read). The listen backlog is ``LLMGW_ROUTER_BACKLOG``
+(default 2048): connections the kernel holds while every worker is busy accepting.
 """
 
 from __future__ import annotations
@@ -42,8 +43,21 @@ from . import homes, limits, slots
 from .config import RouterConfig
 
 GRACEFUL_TIMEOUT_S = 30
+BACKLOG_ENV = "LLMGW_ROUTER_BACKLOG"
+DEFAULT_BACKLOG = 2048
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"   # read by prometheus_client at its import
 _ROW_ATTR = "llmgw_slot_row"    # on gunicorn's worker object: its row in the slots file
+
+
+def backlog() -> int:
+    """The listen backlog, ``LLMGW_ROUTER_BACKLOG`` or :data:`DEFAULT_BACKLOG`."""
+    text = os.environ.get(BACKLOG_ENV, "").strip()
+    if not text:
+        return DEFAULT_BACKLOG
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) <= 65535:
+        raise ValueError(f"{BACKLOG_ENV}={text!r}: set it to a whole number of connections "
+                         f"from 1 to 65535 (default {DEFAULT_BACKLOG})")
+    return int(text)
 
 
 def gunicorn_options(config: RouterConfig) -> dict[str, Any]:
@@ -51,7 +65,8 @@ def gunicorn_options(config: RouterConfig) -> dict[str, Any]:
     return {
         "bind": [f"{host}:{config.port}"],
         "workers": config.workers,
-        "worker_class": "llmgw_runtime.router.worker.RouterWorker",
+        "worker_class": "llmgw_runtime.router.http.server.RouterWorker",
+        "backlog": backlog(),
         "worker_connections": config.worker_connections,
         "graceful_timeout": GRACEFUL_TIMEOUT_S,
         "keepalive": 5,
