@@ -248,6 +248,8 @@ ROUTER_ROUTES = tuple(
           params=(Param("model", "path", {"type": "string", "minLength": 1}),)),
     Route("get", "/healthz", "Liveness and the number of routed models", None,
           router.RouterHealth, errors=()),
+    Route("get", "/health", "The same as /healthz, where the engines answer it", None,
+          router.RouterHealth, errors=()),
     Route("get", "/metrics", "Prometheus metrics (text exposition format), summed over the "
           "router's workers; no API key", None, "MetricsText", content="text/plain",
           errors=()),
@@ -275,7 +277,8 @@ def router_document(version: str) -> dict[str, Any]:
                  "/v1/responses", "/v1/messages"):
         ok = doc["paths"][path]["post"]["responses"]["200"]["content"]
         ok["text/event-stream"] = {"schema": {"type": "string"}}
-    health = doc["paths"]["/healthz"]["get"]["responses"]
-    health["503"] = {"description": "no routes table yet", "content": {
-        "application/json": {"schema": _ref(router.RouterHealth)}}}
+    for path in ("/healthz", "/health"):
+        health = doc["paths"][path]["get"]["responses"]
+        health["503"] = {"description": "no routes table yet", "content": {
+            "application/json": {"schema": _ref(router.RouterHealth)}}}
     return doc

@@ -418,8 +418,11 @@ def create_app(config: RouterConfig | None = None) -> Flask:
     app.extensions["llmgw_router"] = state
     app.register_blueprint(_openai_blueprint(state))
 
+    @app.get("/health")
     @app.get("/healthz")
     def healthz() -> Response:
+        """Also at ``/health``, where llama.cpp and vLLM answer it (benchmarks and clients
+        written for the engines check it first)."""
         state.routes.ensure_started()
         # A worker that has no table yet fetches one now (shared, at most every 0.5 s):
         # a fresh worker is not unhealthy, only new (each worker has its own table).

@@ -43,6 +43,7 @@ TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                 120.0, 300.0)
 
+CANCELLED = "client_closed_request"  # the error code of a client that left: not an error
 _MODEL = "llmgw.metrics.model"       # request.environ keys the view sets
 _ERROR = "llmgw.metrics.error"
 
@@ -73,6 +74,10 @@ class RouterMetrics:
         self.errors = Counter(
             "llmgw_router_errors", "Requests the router refused or failed, by the OpenAI "
             "error code it answered", ["model", "code"], registry=owner)
+        self.cancelled = Counter(
+            "llmgw_router_client_cancelled", "Requests whose client went away before the "
+            "answer ended (not errors: a client's own choice), by when: waiting (for a slot "
+            "or the engine's first byte) or streaming", ["model", "when"], registry=owner)
         self.duration = Histogram(
             "llmgw_router_request_duration_seconds",
             "From the request to the last byte of the answer", ["model"],
@@ -144,7 +149,9 @@ class RouterMetrics:
         self.child(self.requests, label, status).inc()
         self.child(self.duration, label).observe(duration_s)
         error = environ.get(_ERROR)
-        if error:
+        if error == CANCELLED:
+            self.child(self.cancelled, label, "waiting").inc()
+        elif error:
             self.child(self.errors, label, error).inc()
         if model is not None:
             self.child(self.in_flight, model).dec()
@@ -204,6 +211,9 @@ class MetricsMiddleware:
                 metrics.first_byte(environ, time.perf_counter() - started)
 
             def finished() -> None:
+                if body.outcome == "open":       # type: ignore[attr-defined]
+                    label = environ.get(_MODEL) or UNKNOWN_MODEL
+                    metrics.child(metrics.cancelled, label, "streaming").inc()
                 metrics.finished(environ, status[0], time.perf_counter() - started)
             body.first_byte = first_byte     # type: ignore[attr-defined]
             body.on_close(finished)          # type: ignore[attr-defined]

@@ -204,13 +204,14 @@ class Stream:
     client went away first). ``scan`` (usage, ``usage.py``) sees every piece; ``first_byte``
     is called before the first one goes out; ``on_close`` callbacks run at the close."""
 
-    __slots__ = ("_slot", "_answer", "scan", "first_byte", "_closers", "_closed")
+    __slots__ = ("_slot", "_answer", "scan", "first_byte", "outcome", "_closers", "_closed")
 
     def __init__(self, slot: Slot, answer: Answer) -> None:
         self._slot = slot
         self._answer = answer
         self.scan: Any = None
         self.first_byte: Callable[[], None] | None = None
+        self.outcome = "open"      # then "complete", or "broken" (the engine's side)
         self._closers: list[Callable[[], None]] = []
         self._closed = False
 
@@ -226,9 +227,11 @@ class Stream:
                        self.first_byte)
         except (Closed, Malformed) as exc:
             self._broke(exc)
+        self.outcome = "complete"
         answer.release()
 
     def _broke(self, exc: BaseException) -> None:
+        self.outcome = "broken"
         log.warning("stream from replica %s broke off: %s", self._slot.endpoint.replica_id,
                     exc)
         raise StreamBroken(f"the engine's answer broke off: {exc}") from None
@@ -247,6 +250,7 @@ class Stream:
                 yield data
         except BrokeOff as exc:
             self._broke(exc)
+        self.outcome = "complete"
         rest = scan.end() if scan is not None else b""
         if rest:
             if first_byte is not None:

@@ -257,6 +257,7 @@ def test_openapi_schemas_match_real_responses(router: str) -> None:
         check("/v1/models/{model}", "get",
               requests.get(router + f"/v1/models/{name}", headers=auth, timeout=10))
     check("/healthz", "get", requests.get(router + "/healthz", timeout=10))
+    check("/health", "get", requests.get(router + "/health", timeout=10))   # as the engines
     for body in ({"model": "nope"}, {"model": "parked"}, {"model": 3}):
         check("/v1/chat/completions", "post",
               requests.post(router + "/v1/chat/completions", json=body, headers=auth,

@@ -160,6 +160,7 @@ def test_in_flight_counts_open_streams_and_drains_when_a_client_leaves(
     def in_flight() -> float:
         return value(metered.scrape(), "llmgw_router_in_flight", model="chat")
 
+    before = metered.settled()
     open_streams = [_open_stream(metered.url) for _ in range(3)]
     assert in_flight() == 3
     for sock in open_streams:       # clients hang up mid-stream
@@ -168,6 +169,14 @@ def test_in_flight_counts_open_streams_and_drains_when_a_client_leaves(
     while in_flight() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert in_flight() == 0
+    # A client that leaves is counted as a cancellation, never as a router error.
+    after = metered.settled()
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+    assert grew("llmgw_router_client_cancelled_total", model="chat", when="streaming") == 3
+    assert sum(v - before.get(k, 0.0) for k, v in after.items()
+               if k[0] == "llmgw_router_errors_total") == 0
 
 
 def _open_stream(url: str) -> socket.socket:
