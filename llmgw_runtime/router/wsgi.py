@@ -113,6 +113,9 @@ class ProxiedRoutes:
                 answer = self._proxy(environ, path)
             except RouterError as exc:
                 answer = error_answer(environ, exc)
+            except OSError as exc:    # the body could not be read: the server answers it
+                answer = error_answer(environ, InvalidRequest(
+                    f"the request body could not be read: {exc}"))
             except Exception:
                 log.exception("%s %s failed", method, path)
                 answer = error_answer(environ, RouterError(

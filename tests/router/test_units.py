@@ -38,7 +38,7 @@ def test_config_refuses_bad_values_all_at_once() -> None:
 
 def test_gunicorn_options_use_gevent_and_no_control_socket() -> None:
     opts = gunicorn_options(RouterConfig(control_url="http://c", router_token="t", port=1234))
-    assert opts["worker_class"] == "llmgw_runtime.router.worker.RouterWorker" and opts["control_socket_disable"] is True
+    assert opts["worker_class"] == "llmgw_runtime.router.http.server.RouterWorker" and opts["control_socket_disable"] is True
     assert opts["bind"] == ["127.0.0.1:1234"] and opts["worker_connections"] == 2000
 
 
