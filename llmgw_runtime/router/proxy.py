@@ -21,13 +21,14 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
+import gevent
+
 from .balancer import Balancer, Endpoint
 from .errors import ReplicasUnreachable, UpstreamError
-from .http.client import Answer, BrokeOff, Closed, FailedBeforeAnswer, Malformed, Pools, \
-    Unreachable
+from .http.client import Answer, BrokeOff, Closed, FailedBeforeAnswer, Malformed, Pools, Unreachable
 from .http.errors import StreamBroken
 from .http.relay import impl
-from .rawsock import sender
+from .rawsock import os_socket, sender
 
 log = logging.getLogger(__name__)
 
@@ -222,19 +223,25 @@ class Stream:
         """The whole answer to the client's socket ``sock``, after ``head`` (the server's
         contract: StreamBroken when the answer broke, OSError when the client left)."""
         answer = self._answer
+        link = answer.link
         try:
-            impl.relay(answer.link, answer.reader, sender(sock), head, chunked, self.scan,
-                       self.first_byte)
+            up, client = link.raw, os_socket(sock)
+            if up is not None and client is not None:   # plain TCP on both sides
+                impl.pump(gevent.get_hub(), up, answer.reader, client, head, chunked,
+                          self.scan, self.first_byte, link.idle_s)
+            else:                                       # TLS on a side: greenlet waits
+                impl.relay(link, answer.reader, sender(sock), head, chunked, self.scan,
+                           self.first_byte)
         except (Closed, Malformed) as exc:
             self._broke(exc)
         self.outcome = "complete"
         answer.release()
 
     def _broke(self, exc: BaseException) -> None:
+        """(The server logs it, with the request's method and path.)"""
         self.outcome = "broken"
-        log.warning("stream from replica %s broke off: %s", self._slot.endpoint.replica_id,
-                    exc)
-        raise StreamBroken(f"the engine's answer broke off: {exc}") from None
+        raise StreamBroken(f"the answer of replica {self._slot.endpoint.replica_id} broke "
+                           f"off: {exc}") from None
 
     def __iter__(self) -> Iterator[bytes]:
         scan, first_byte = self.scan, self.first_byte

@@ -88,14 +88,16 @@ class Link:
     """One connection to an engine, with the io watcher and the timer its waits use (made
     at its first wait, kept while it is pooled: a watcher not started costs nothing)."""
 
-    __slots__ = ("sock", "sendall", "got_bytes", "_raw", "_idle_s", "_hub", "_io", "_timer")
+    __slots__ = ("sock", "sendall", "got_bytes", "raw", "idle_s", "_hub", "_io", "_timer",
+                 "_idle")
 
     def __init__(self, sock: Any, idle_s: float) -> None:
         self.sock = sock
         self.sendall = sender(sock)
         self.got_bytes = False      # any byte of the current answer read
-        self._raw = os_socket(sock)    # None: TLS
-        self._idle_s = idle_s
+        self.raw = os_socket(sock)     # the OS socket; None: TLS
+        self.idle_s = idle_s
+        self._idle = f"no data from the engine for {idle_s:g} s"
         self._hub: Any = None
         self._io: Any = None
         self._timer: Any = None
@@ -103,13 +105,13 @@ class Link:
     def read(self) -> bytes:
         """What arrives next (b"" when the engine closed), after a wait of at most the idle
         limit (Idle), which starts again at every call."""
-        raw = self._raw
+        raw = self.raw
         if raw is None:            # TLS: its object may hold data the socket does not show
-            self.sock.settimeout(self._idle_s)
+            self.sock.settimeout(self.idle_s)
             try:
                 got: bytes = self.sock.recv(BLOCK)
             except TimeoutError:
-                raise Idle(f"no data from the engine for {self._idle_s:g} s") from None
+                raise Idle(self._idle) from None
         else:
             try:
                 got = raw.recv(BLOCK)      # often there already: no wait at all
@@ -124,11 +126,10 @@ class Link:
             self._hub = gevent.get_hub()
             self._io = self._hub.loop.io(self.sock.fileno(), 1)
             # repeat = the limit: again() arms it for the whole limit from now, every wait
-            self._timer = self._hub.loop.timer(self._idle_s, self._idle_s)
+            self._timer = self._hub.loop.timer(self.idle_s, self.idle_s)
         timer = self._timer
         while True:
-            timer.again(gevent.getcurrent().throw,
-                        Idle(f"no data from the engine for {self._idle_s:g} s"))
+            timer.again(gevent.getcurrent().throw, Idle, self._idle)
             try:
                 self._hub.wait(self._io)
             finally:
@@ -141,7 +142,7 @@ class Link:
     def alive(self) -> bool:
         """Whether an idle pooled connection is still open: a peek that finds nothing to
         read (the engine neither closed it nor sent anything unasked)."""
-        raw = self._raw
+        raw = self.raw
         if raw is None:
             return True            # TLS: a stale one fails its request, which is resent
         try:
@@ -173,7 +174,7 @@ class _Pool:
         self.port = parts.port or (443 if self.tls else 80)
         self.authority = parts.netloc.rpartition("@")[2] or self.host
         self._connect_timeout = connect_timeout
-        self._idle_s = idle_s
+        self.idle_s = idle_s
         self._maxsize = maxsize
         self._idle: list[Link] = []
         self._closed = False       # the upstream left the routes table
@@ -188,7 +189,7 @@ class _Pool:
                 link.got_bytes = False
                 return link, True
             link.close()
-        return Link(self._connect(), self._idle_s), False
+        return Link(self._connect(), self.idle_s), False
 
     def put(self, link: Link) -> None:
         if len(self._idle) < self._maxsize and not self._closed:
@@ -292,7 +293,7 @@ class Pools:
 
     def __init__(self, idle_s: float, maxsize: int = 2000) -> None:
         self._connect_timeout = min(10.0, idle_s)
-        self._idle_s = idle_s
+        self.idle_s = idle_s
         self._maxsize = maxsize
         self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
@@ -304,7 +305,7 @@ class Pools:
                 pool = self._pools.get(url)
                 if pool is None:
                     pool = self._pools[url] = _Pool(url, self._connect_timeout,
-                                                    self._idle_s, self._maxsize)
+                                                    self.idle_s, self._maxsize)
         return pool
 
     def forget_except(self, urls: set[str]) -> None:

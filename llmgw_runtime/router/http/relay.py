@@ -10,6 +10,7 @@ import os
 
 CHOICE_ENV = "LLMGW_ROUTER_RELAY"
 CHOICES = ("auto", "compiled", "interpreted")
+__all__ = ["CHOICE_ENV", "CHOICES", "KIND", "impl"]
 
 _choice = os.environ.get(CHOICE_ENV, "auto").strip().lower() or "auto"
 if _choice not in CHOICES:
