@@ -4,8 +4,11 @@ routers, and the admission shell (router/admit.py) on top of them."""
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,32 +63,102 @@ def test_another_process_sees_what_a_worker_holds_and_a_dead_row_is_zeroed(
         assert mine.others(["r1"]) == [0] and mine.totals(["r1"]) == [2]
 
 
-def _die_holding_the_lock(path: str, row: int) -> None:
+def _take_and_hang(path: str, row: int, ready: Any) -> None:
     counts = SharedSlots(path, row)
     counts.locked().__enter__()
     counts.set_mine("r1", 1)
-    os._exit(0)                        # killed inside the critical section
+    ready.set()
+    time.sleep(60)                     # killed inside the critical section
 
 
-def test_a_worker_that_died_holding_the_lock_does_not_stop_the_others(
+def test_a_worker_killed_holding_the_lock_frees_it_at_once_and_its_row_is_zeroed(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = create_file(str(tmp_path), workers=2)
-    _in_child(_die_holding_the_lock, path, 1)
+    mine = SharedSlots(path, 0)
+    ready = FORK.Event()
+    holder = FORK.Process(target=_take_and_hang, args=(path, 1, ready))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        assert not mine._shared.try_take()          # held by the live holder
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)         # type: ignore[arg-type]
+        holder.join(10)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="llmgw_runtime.router.slots"):
-        mine = SharedSlots(path, 0)    # zeroes its own row under the lock
-        with mine.locked():
-            assert mine.others(["r1"]) == [1]
-    waited = time.monotonic() - started
-    assert slots.LOCK_STALE_S <= waited < slots.LOCK_STALE_S + 2
-    assert "its holder must have died" in caplog.text
-    zero_row(path, 1)                  # the master, when it saw the worker exit
-    for _ in range(3):                 # the lock works as before: no wait, no warning
-        caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="llmgw_runtime.router.slots"), \
+            mine.locked():                            # the kernel gave it back
+        assert mine.others(["r1"]) == [1]            # the dead row, until the master...
+    assert time.monotonic() - started < 0.5 and not caplog.text
+    zero_row(path, 1)                                # ... zeroes it (child_exit)
+    with mine.locked():
+        assert mine.others(["r1"]) == [0] and mine.totals(["r1"]) == [0]
+
+
+def _check_then_take(path: str, row: int, slots_n: int, ready: Any, go: int) -> None:
+    counts = SharedSlots(path, row)
+    with counts.locked():
+        free = slots_n - counts.others(["r1"])[0]    # the check: all free ...
+        ready.set()
+        os.read(go, 1)                               # (SIGSTOPped here)
+        counts.set_mine("r1", free)                  # ... and the take
+
+
+def test_a_holder_stopped_for_seconds_keeps_the_lock_and_nothing_is_over_admitted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker stopped (SIGSTOP, or starved) between its check and its take keeps the
+    lock: another worker's admission waits for it rather than taking it over and
+    admitting into the slots the stopped one is about to take."""
+    monkeypatch.setattr(slots, "_last_warned", -slots.WARN_EVERY_S)   # warns again
+    path = create_file(str(tmp_path), workers=2)
+    gate = _gate(SharedSlots(path, 0))
+    eps = (Endpoint("r1", "http://e:1", 2),)
+    ready = FORK.Event()
+    go_read, go = os.pipe()        # (an Event's set() would wait for the stopped waiter)
+    holder = FORK.Process(target=_check_then_take, args=(path, 1, 2, ready, go_read))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        os.kill(holder.pid, signal.SIGSTOP)          # type: ignore[arg-type]
+        os.write(go, b"g")                           # read only once continued
+        resume = threading.Timer(3.0, os.kill, (holder.pid, signal.SIGCONT))
+        resume.start()
         started = time.monotonic()
-        with mine.locked():
-            assert mine.others(["r1"]) == [0]
-        assert time.monotonic() - started < 0.5 and not caplog.text
+        with caplog.at_level(logging.WARNING, logger="llmgw_runtime.router.slots"):
+            try:
+                lease = gate.admit("m", eps, "-", "normal", None, 0, 30.0)
+            except ModelAtCapacity:                  # the holder's 2 fill both slots
+                lease = None
+        waited = time.monotonic() - started
+        resume.join()
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)          # type: ignore[arg-type]
+        os.write(go, b"g")
+        holder.join(10)
+        os.close(go_read)
+        os.close(go)
+    assert holder.exitcode == 0
+    with gate.locked():
+        assert gate._counts.totals(["r1"]) == [2]    # never more than the slots
+    assert lease is None
+    assert 2.5 < waited < 10                         # it waited for the stopped holder
+    assert "admission waits for it" in caplog.text
+
+
+def _try_the_lock_of(counts: SharedSlots) -> None:
+    taken = counts._shared.try_take()
+    os._exit(1 if taken else 0)
+
+
+def test_the_lock_excludes_each_opening_of_the_file_also_across_fork(
+        tmp_path: Path) -> None:
+    path = create_file(str(tmp_path), workers=2)
+    one, two = SharedSlots(path, 0), SharedSlots(path, 1)
+    with one.locked():
+        assert not two._shared.try_take()          # same process, another opening
+        _in_child(_try_the_lock_of, one)           # forked: its own description
+    assert two._shared.try_take()
+    two._shared.give()
 
 
 def _hold_for(path: str, row: int, held_s: float, ready: Any) -> None:
@@ -96,36 +169,31 @@ def _hold_for(path: str, row: int, held_s: float, ready: Any) -> None:
 
 
 def test_a_worker_waiting_for_the_lock_sleeps_rather_than_spinning(tmp_path: Path) -> None:
-    """While another process holds the lock, a waiting worker tries again every
-    BACKOFF_S (after a few yields), not once per turn of its event loop: spinning would
+    """While another process holds the lock, a waiting worker tries again after real
+    sleeps (after a few yields), not once per turn of its event loop: spinning would
     take the CPU its holder needs to give the lock back."""
     path = create_file(str(tmp_path), workers=2)
-    mine = SharedSlots(path, 0)        # (zeroes its row under the lock: before the holder)
-    ready = multiprocessing.get_context("fork").Event()
-    holder = multiprocessing.get_context("fork").Process(
-        target=_hold_for, args=(path, 1, 0.3, ready))
+    mine = SharedSlots(path, 0)
+    ready = FORK.Event()
+    holder = FORK.Process(target=_hold_for, args=(path, 1, 0.3, ready))
     holder.start()
     try:
         assert ready.wait(10)
         tries = 0
-        assert mine._shared is not None
-        real: Any = mine._shared
+        real = mine._shared.try_take
 
-        class Counting:
-            def acquire(self, block: bool = True) -> bool:
-                nonlocal tries
-                tries += 1
-                return bool(real.acquire(block))
+        def counting() -> bool:
+            nonlocal tries
+            tries += 1
+            return real()
 
-            def release(self) -> None:
-                real.release()
-
-        mine._shared = Counting()
+        mine._shared.try_take = counting           # type: ignore[method-assign]
         started = time.monotonic()
         with mine.locked():
             waited = time.monotonic() - started
-        assert 0.1 < waited < slots.LOCK_STALE_S
-        assert tries <= waited / slots.BACKOFF_S + slots.SPINS + 2
+        assert 0.1 < waited < 1.0
+        backoff = math.log2(slots.MAX_BACKOFF_S / slots.BACKOFF_S) + 1
+        assert tries <= slots.SPINS + backoff + waited / slots.MAX_BACKOFF_S + 2
     finally:
         holder.join(10)
 
