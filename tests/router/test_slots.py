@@ -8,6 +8,8 @@ import math
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -196,6 +198,49 @@ def test_a_worker_waiting_for_the_lock_sleeps_rather_than_spinning(tmp_path: Pat
         assert tries <= slots.SPINS + backoff + waited / slots.MAX_BACKOFF_S + 2
     finally:
         holder.join(10)
+
+
+_GEVENT_WAIT = """
+from gevent import monkey; monkey.patch_all()
+import gevent, multiprocessing, sys, time
+from llmgw_runtime.router.slots import SharedSlots
+path = sys.argv[1]
+mine = SharedSlots(path, 0)
+
+def hold(ready):
+    with SharedSlots(path, 1).locked():
+        ready.set()
+        time.sleep(0.5)
+
+ctx = multiprocessing.get_context("fork")
+ready = ctx.Event()
+holder = ctx.Process(target=hold, args=(ready,))
+holder.start()
+assert ready.wait(10)
+ticks = 0
+def tick():
+    global ticks
+    while True:
+        ticks += 1
+        gevent.sleep(0.01)
+gevent.spawn(tick)
+started = time.monotonic()
+def wait():
+    with mine.locked():
+        pass
+gevent.spawn(wait).join()
+holder.join(10)
+print(round(time.monotonic() - started, 2), ticks)
+"""
+
+
+def test_a_gevent_worker_waiting_for_the_lock_keeps_serving_its_other_greenlets(
+        tmp_path: Path) -> None:
+    path = create_file(str(tmp_path), workers=2)
+    done = subprocess.run([sys.executable, "-c", _GEVENT_WAIT, path], capture_output=True,
+                          text=True, timeout=60, check=True)
+    waited, ticks = done.stdout.split()
+    assert float(waited) >= 0.4 and int(ticks) >= 10    # ~50 (10 ms apart); 1 if blocked
 
 
 def _take_and_give_back(path: str, row: int, limit: int, rounds: int,
