@@ -51,6 +51,17 @@ StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
+def _pid() -> int:
+    """This process's id, kept since the last fork: prometheus_client asks for it on
+    every counter and histogram update (multiprocess mode) to notice a fork, and
+    ``os.getpid`` is a system call each time (about ten a request)."""
+    return _PID[0]
+
+
 class RouterMetrics:
     """The router's counters, histograms and gauge, and the registry ``/metrics`` shows."""
 
@@ -62,6 +73,7 @@ class RouterMetrics:
                 raise RuntimeError(
                     "prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set, "
                     "so each worker would count alone; import it only in the workers")
+            values.ValueClass = values.MultiProcessValue(process_identifier=_pid)
             # Values live in this worker's files; a scrape reads every worker's.
             multiprocess.MultiProcessCollector(self.registry, path=multiproc_dir)
             owner: CollectorRegistry | None = None
