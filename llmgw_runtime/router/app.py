@@ -20,9 +20,9 @@ from ..api.states import ModelState
 from ..control.throttle import ROUTER, Throttle, retry_after
 from ..security import bearer, hash_token
 from ..settings import load
-from . import limits
-from .admit import Gate, Lease, client_gone
-from .affinity import prefix_key
+from .admission.affinity import prefix_key
+from .admission.gate import Gate, Lease
+from .admission.gone import client_gone
 from .balancer import Balancer, Endpoint
 from .body import _too_large
 from .config import RouterConfig
@@ -42,7 +42,6 @@ from .errors import (
     UpstreamError,
     error_body,
 )
-from .limits import Limiter, estimate_tokens
 from .metrics import CONTENT_TYPE, MetricsMiddleware, RouterMetrics
 from .openapi import openapi_document
 from .proxy import Admit, Answered, Upstreams, upstream_headers
@@ -54,6 +53,8 @@ from .routes import (
     RoutesCache,
     RoutesTable,
 )
+from .tables import limits
+from .tables.limits import Limiter, estimate_tokens
 from .usage import METER, Meter, UsageBook, UsageReporter
 from .wsgi import KEY_ID, MAX_MODEL_NAME, ProxiedRoutes, retry_after_s
 

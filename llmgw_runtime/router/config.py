@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .. import tls
-from .slots import parse_share
+from .tables.slots import parse_share
 
 
 @dataclass(frozen=True)

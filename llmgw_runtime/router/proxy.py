@@ -27,8 +27,8 @@ from .balancer import Balancer, Endpoint
 from .errors import ReplicasUnreachable, UpstreamError
 from .http.client import Answer, BrokeOff, Closed, FailedBeforeAnswer, Malformed, Pools, Unreachable
 from .http.errors import StreamBroken
+from .http.rawsock import os_socket, sender
 from .http.relay import impl
-from .rawsock import os_socket, sender
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from ..api.transport import RemoteError, Transport
 from ..api.usage import UsageAck, UsageReport
 from ..errors import LlmgwError
 from .balancer import Endpoint
-from .limits import KeyLimit
-from .slots import FILE_ENV, stable_hash
+from .tables.limits import KeyLimit
+from .tables.slots import FILE_ENV, stable_hash
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 

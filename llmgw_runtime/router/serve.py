@@ -11,10 +11,10 @@ prometheus_client: nothing on the way here does), so every worker's counters lan
 ``/metrics`` on any worker adds them up. A worker that exits has its in-flight gauge dropped
 (``child_exit``); the directory goes when the router stops.
 
-Slots: :func:`run` also makes the shared in-flight counts file (``slots.py``) before any
+Slots: :func:`run` also makes the shared in-flight counts file (``tables/slots.py``) before any
 worker forks; ``pre_fork`` gives each worker a stable row (the lowest free index),
 ``post_fork`` passes it to the worker, ``child_exit`` zeroes a dead worker's row. The
-per-key limits' table (``limits.py``) is made next to it.
+per-key limits' table (``tables/limits.py``) is made next to it.
 
 Usage: a worker that exits posts the usage it has not reported yet (``worker_exit``), so
 a graceful restart loses none.
@@ -39,8 +39,8 @@ from gunicorn.app.base import BaseApplication
 from .. import tls
 from ..doctor.relay_loop import inspect as inspect_relay
 from ..errors import ConfigError
-from . import homes, limits, slots
 from .config import RouterConfig
+from .tables import homes, limits, slots
 
 GRACEFUL_TIMEOUT_S = 30
 BACKLOG_ENV = "LLMGW_ROUTER_BACKLOG"

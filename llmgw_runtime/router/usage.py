@@ -29,8 +29,8 @@ from typing import Any
 import pydantic
 
 from ..api.usage import MAX_USAGE_ENTRIES, UsageEntry, UsageReport
-from .limits import KeyLimit, Limiter
 from .proxy import Answered, Stream
+from .tables.limits import KeyLimit, Limiter
 from .tokens import BodyScan, StreamScan, Tokens, asking_usage, usage_asked, usage_in_body
 
 log = logging.getLogger(__name__)

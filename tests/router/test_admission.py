@@ -1,4 +1,4 @@
-"""Slot admission and the fair queue (router/admission.py): a pure core, driven here by
+"""Slot admission and the fair queue (router/admission/core.py): a pure core, driven here by
 hand with ``now`` passed in."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_runtime.router.admission import (
+from llmgw_runtime.router.admission.core import (
     RETRY_AFTER_MAX_S,
     Admission,
     Admitted,

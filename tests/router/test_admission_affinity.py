@@ -1,10 +1,10 @@
-"""Prefix affinity in the admission core (router/admission.py): a request is admitted at
+"""Prefix affinity in the admission core (router/admission/core.py): a request is admitted at
 its home replica, waits there for a while when it is full, then spills over."""
 
 from __future__ import annotations
 
-from llmgw_runtime.router.admission import Admitted, Queued
-from llmgw_runtime.router.affinity import choose, prefix_key
+from llmgw_runtime.router.admission.affinity import choose, prefix_key
+from llmgw_runtime.router.admission.core import Admitted, Queued
 
 from .test_admission import TWO, Shell
 

@@ -1,4 +1,4 @@
-"""Prefix keys and consistent hashing with bounded loads (router/affinity.py)."""
+"""Prefix keys and consistent hashing with bounded loads (router/admission/affinity.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_runtime.router.affinity import LOAD_FACTOR, PROMPT_CHARS, choose, prefix_key
+from llmgw_runtime.router.admission.affinity import LOAD_FACTOR, PROMPT_CHARS, choose, prefix_key
 
 REPLICAS = [f"replica-{i}" for i in range(5)]
 
@@ -129,7 +129,7 @@ def test_keys_and_choices_are_pinned_so_routers_of_two_versions_agree() -> None:
 
 
 def test_another_process_with_another_hash_seed_chooses_the_same() -> None:
-    code = ("from llmgw_runtime.router.affinity import choose, prefix_key\n"
+    code = ("from llmgw_runtime.router.admission.affinity import choose, prefix_key\n"
             "k = prefix_key({'messages': [{'role': 'user', 'content': 'hi'}]})\n"
             "print(k.hex(), choose(k, ['r1', 'r2', 'r3', 'r4'], {}))\n")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -1,4 +1,4 @@
-"""Remembered homes of prefixes (router/homes.py) and how admission uses them: a new
+"""Remembered homes of prefixes (router/tables/homes.py) and how admission uses them: a new
 conversation goes to the least-loaded replica, its later turns follow it there from any
 worker, and a conversation moved by load is remembered where it moved."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from llmgw_runtime.router import homes
-from llmgw_runtime.router.admission import Admitted, Queued
-from llmgw_runtime.router.affinity import choose
-from llmgw_runtime.router.homes import Homes
+from llmgw_runtime.router.admission.affinity import choose
+from llmgw_runtime.router.admission.core import Admitted, Queued
+from llmgw_runtime.router.tables import homes
+from llmgw_runtime.router.tables.homes import Homes
 
 from .test_admission import Shell
 

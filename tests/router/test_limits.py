@@ -1,4 +1,4 @@
-"""Per-key limits (router/limits.py): the pure decisions table-tested, the shared table
+"""Per-key limits (router/tables/limits.py): the pure decisions table-tested, the shared table
 seen by another process, and a router's share of a limit."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_runtime.router.limits import (
+from llmgw_runtime.router.tables.limits import (
     SETS,
     WAYS,
     KeyLimit,

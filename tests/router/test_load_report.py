@@ -1,4 +1,4 @@
-"""What a router reports of each model's load (router/admit.py ``Gate.capacity``, posted
+"""What a router reports of each model's load (router/admission/gate.py ``Gate.capacity``, posted
 with the idle map by router/routes.py): the peak of busy slots, the oldest wait, at
 capacity or not, counted over the router's workers, and which router posts."""
 
@@ -11,10 +11,16 @@ import pytest
 
 from llmgw_runtime.api.router import IdleMap
 from llmgw_runtime.router import routes
-from llmgw_runtime.router.admit import Gate
+from llmgw_runtime.router.admission.gate import Gate
 from llmgw_runtime.router.balancer import Endpoint
 from llmgw_runtime.router.metrics import RouterMetrics
-from llmgw_runtime.router.slots import FILE_ENV, LocalSlots, SharedSlots, SlotCounts, create_file
+from llmgw_runtime.router.tables.slots import (
+    FILE_ENV,
+    LocalSlots,
+    SharedSlots,
+    SlotCounts,
+    create_file,
+)
 
 EPS = (Endpoint("r1", "http://e:1", 3),)
 

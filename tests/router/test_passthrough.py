@@ -16,7 +16,7 @@ from fake_control import FakeControl
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Response
 
-from llmgw_runtime.router.affinity import prefix_key
+from llmgw_runtime.router.admission.affinity import prefix_key
 from tests.engines.conftest import cpu_engine
 from tests.support.tiny_gguf import write_tiny_gguf
 

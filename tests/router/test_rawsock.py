@@ -1,4 +1,4 @@
-"""The router's sends straight on the OS socket (router/rawsock.py): what a slow client
+"""The router's sends straight on the OS socket (router/http/rawsock.py): what a slow client
 would otherwise lose."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 import gevent
 import gevent.socket
 
-from llmgw_runtime.router.rawsock import os_socket, sender
+from llmgw_runtime.router.http.rawsock import os_socket, sender
 
 
 def test_a_send_larger_than_the_kernel_takes_arrives_whole_and_in_order() -> None:

@@ -1,5 +1,5 @@
-"""Shared in-flight counts (router/slots.py) across processes, the slot share of several
-routers, and the admission shell (router/admit.py) on top of them."""
+"""Shared in-flight counts (router/tables/slots.py) across processes, the slot share of several
+routers, and the admission shell (router/admission/gate.py) on top of them."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from llmgw_runtime.router import slots
-from llmgw_runtime.router.admit import Gate
+from llmgw_runtime.router.admission.gate import Gate
 from llmgw_runtime.router.balancer import Endpoint
 from llmgw_runtime.router.config import RouterConfig
 from llmgw_runtime.router.errors import ModelAtCapacity
 from llmgw_runtime.router.metrics import RouterMetrics
-from llmgw_runtime.router.slots import (
+from llmgw_runtime.router.tables import slots
+from llmgw_runtime.router.tables.slots import (
     UNLIMITED,
     LocalSlots,
     SharedSlots,
@@ -87,7 +87,7 @@ def test_a_worker_killed_holding_the_lock_frees_it_at_once_and_its_row_is_zeroed
         os.kill(holder.pid, signal.SIGKILL)         # type: ignore[arg-type]
         holder.join(10)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="llmgw_runtime.router.slots"), \
+    with caplog.at_level(logging.WARNING, logger="llmgw_runtime.router.tables.slots"), \
             mine.locked():                            # the kernel gave it back
         assert mine.others(["r1"]) == [1]            # the dead row, until the master...
     assert time.monotonic() - started < 0.5 and not caplog.text
@@ -126,7 +126,7 @@ def test_a_holder_stopped_for_seconds_keeps_the_lock_and_nothing_is_over_admitte
         resume = threading.Timer(3.0, os.kill, (holder.pid, signal.SIGCONT))
         resume.start()
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="llmgw_runtime.router.slots"):
+        with caplog.at_level(logging.WARNING, logger="llmgw_runtime.router.tables.slots"):
             try:
                 lease = gate.admit("m", eps, "-", "normal", None, 0, 30.0)
             except ModelAtCapacity:                  # the holder's 2 fill both slots
@@ -203,7 +203,7 @@ def test_a_worker_waiting_for_the_lock_sleeps_rather_than_spinning(tmp_path: Pat
 _GEVENT_WAIT = """
 from gevent import monkey; monkey.patch_all()
 import gevent, multiprocessing, sys, time
-from llmgw_runtime.router.slots import SharedSlots
+from llmgw_runtime.router.tables.slots import SharedSlots
 path = sys.argv[1]
 mine = SharedSlots(path, 0)
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from llmgw_runtime.api.usage import UsageReport
-from llmgw_runtime.router.limits import KeyLimit
 from llmgw_runtime.router.routes import ControlError, ControlRefused, parse_table
+from llmgw_runtime.router.tables.limits import KeyLimit
 from llmgw_runtime.router.tokens import Tokens
 from llmgw_runtime.router.usage import UsageBook, UsageReporter
 

@@ -33,7 +33,7 @@ import gevent
 import gevent.socket
 from gevent import ssl as gssl
 
-from ..rawsock import os_socket, sender
+from .rawsock import os_socket, sender
 from .relay import impl
 
 BLOCK = 65536

@@ -33,10 +33,10 @@ import httptools
 from gunicorn import util
 from gunicorn.workers.ggevent import GeventWorker
 
-from ..rawsock import sender
 from . import body_in
 from .body_in import BadRequest, BodyError, BodyIn, environ_of, linger
 from .errors import StreamBroken
+from .rawsock import sender
 
 HEAD_DEADLINE_S = 5.0         # a head's time when keep-alive is off
 _BLOCK = 65536

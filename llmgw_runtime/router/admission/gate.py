@@ -1,9 +1,9 @@
 """The waiting shell around the admission core: a request gets a replica slot before it is
 forwarded, or waits for one, or is refused with a 429.
 
-:class:`Gate` holds one :class:`.admission.Admission` core per model (each with that
-model's ``max_queue`` and ``max_wait_s``) and this worker's share of the router's shared
-in-flight counts (:mod:`.slots`). Every core call runs under the counts' lock: the other
+:class:`Gate` holds one :class:`.core.Admission` core per model (each with that model's
+``max_queue`` and ``max_wait_s``) and this worker's share of the router's shared in-flight
+counts (``tables/slots.py``). Every core call runs under the counts' lock: the other
 workers' counts are read, the core sees ``slots - others`` (its *effective* slots), and
 this worker's counts are written back, so no replica ever has more of this router's
 requests in flight than its slots (this router's share of them, ``LLMGW_SLOT_SHARE``).
@@ -12,23 +12,21 @@ the core's ``max_queue`` is what the other workers' queues leave of the model's.
 
 A queued request waits on an Event the core's ``on_decided`` sets (a gevent Event under
 gevent: ``threading`` is patched), in short steps, checking that its client is still
-there. While this worker has waiting requests one poller (a greenlet) looks every
-:data:`POLL_S` for slots other workers freed and refuses tickets past ``max_wait_s``. A
-slot is given back exactly once, when the answer (a stream included) ends or its client
-goes away (:class:`Lease`).
+there (``gone.py``). While this worker has waiting requests one poller (a greenlet) looks
+every :data:`POLL_S` for slots other workers freed and refuses tickets past
+``max_wait_s``. A slot is given back exactly once, when the answer (a stream included) ends
+or its client goes away (:class:`Lease`).
 
 Cost on the hot path (a free slot): about 30 us of CPU to admit and release one request,
 prefix key, lock and metrics included (measured on these machines: 20,000 admit+release
-pairs through :class:`.slots.SharedSlots`); ``bench/router_bench.py`` sees no change in
-throughput at concurrency 64.
+pairs through ``tables/slots.py``'s ``SharedSlots``); ``bench/router_bench.py`` sees no
+change in throughput at concurrency 64.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import select
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,16 +34,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gevent import monkey
-
-from ..api.router import MAX_QUEUE, ModelCapacity
-from .admission import Admission, Admitted, Priority, Queued, Rejected, Ticket
-from .balancer import Endpoint
-from .errors import ClientGone, ModelAtCapacity
-from .homes import Homes
-from .homes import for_this_process as homes_for_this_process
-from .metrics import RouterMetrics
-from .slots import UNLIMITED, SlotCounts, for_this_process, model_shares
+from ...api.router import MAX_QUEUE, ModelCapacity
+from ..balancer import Endpoint
+from ..errors import ClientGone, ModelAtCapacity
+from ..metrics import RouterMetrics
+from ..tables.homes import Homes
+from ..tables.homes import for_this_process as homes_for_this_process
+from ..tables.slots import UNLIMITED, SlotCounts, for_this_process, model_shares
+from .core import Admission, Admitted, Priority, Queued, Rejected, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -54,26 +50,6 @@ WAIT_STEP_S = 0.05       # how often a waiting request checks that its client is
 _MAX_SAMPLES = 2000      # wait times kept per model between two capacity reports
 _BIG = 1_000_000         # api.fields.SmallCount
 _QUEUE = "\0queue:"      # slot-count columns of a model's waiting requests: "\0queue:<model>"
-_poll = monkey.get_original("select", "poll")
-
-
-def client_gone(environ: dict[str, Any]) -> bool:
-    """True when the client of this request closed its connection (gunicorn puts the
-    socket in ``environ['gunicorn.socket']``; without it, never). Never blocks."""
-    sock = environ.get("gunicorn.socket")
-    if sock is None:
-        return False
-    try:
-        poller = _poll()
-        poller.register(sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
-        events = poller.poll(0)
-        if not events:
-            return False
-        if events[0][1] & (select.POLLERR | select.POLLHUP):
-            return True
-        return sock.recv(1, socket.MSG_PEEK) == b""     # readable: closed, or pipelined data
-    except (OSError, ValueError):
-        return True
 
 
 class Lease:
@@ -345,7 +321,7 @@ class Gate:
 
     def locked(self) -> AbstractContextManager[Any]:
         """The slot counts' lock, shared by the router's workers: the router's other shared
-        tables (homes.py, limits.py) are read and written under it too."""
+        tables (tables/homes.py, tables/limits.py) are read and written under it too."""
         return self._counts.locked()
 
     def forget_except(self, replica_ids: set[str]) -> None:

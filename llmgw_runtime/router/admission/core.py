@@ -11,21 +11,13 @@ changed), :meth:`~Admission.expire` (``max_wait_s`` passed) or :meth:`~Admission
 each such call returns the tickets it decided and passes each to ``on_decided``, where the
 shell wakes whatever it waits on (a gevent Event it hung on ``ticket.waiter``, say).
 
-A full queue makes room for a newcomer by refusing (``queue_full``) the newest ticket of a
-lower class, or of a key holding at least two more tickets than the newcomer's key
-(:meth:`~Admission._push_out`): one key's burst fills the queue only while no one else
-wants it.
-
-Order of service: a higher priority class first (``high``, ``normal``, ``low``; strict, so
-a lower class waits while a higher one has tickets, up to ``max_wait_s``); within a class,
-round-robin over API keys (each request costs one turn: deficit round robin with equal
-costs), so a key that queued 20 requests cannot hold back a key that queued 2; within a
-key, first come first served. A freed slot goes to the first ticket in that order that may
-take it.
+Waiting tickets are served in the order of a bounded queue per model, fair across API
+keys (``queue.py``: priority classes, keys in turn, and which ticket a full queue pushes
+out for a newcomer). A freed slot goes to the first ticket in that order that may take it.
 
 Prefix affinity: a request with a prefix key has a *home* replica. Where the shell gives
 the core a table of where prefixes were served last (:attr:`Admission.homes`, shared by
-the router's workers: ``homes.py``), the home is the replica that served the prefix last
+the router's workers: ``tables/homes.py``), the home is the replica that served the prefix last
 while it stays within its bounded load (:func:`.affinity.fits`), and its prompt is
 *cached* there; a prefix not remembered (a first turn) or whose home is over its bound is
 placed by load (:func:`.affinity.place`). Without the table the home is chosen by
@@ -53,21 +45,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from .affinity import choose, fits, place
+from .queue import PRIORITIES, FairQueue, Priority, Ticket
 
-Priority = Literal["high", "normal", "low"]
 Reason = Literal["queue_full", "timeout", "no_replicas"]
-PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 SERVICE_S_GUESS = 2.0     # a request's service time before any was measured
 SERVICE_ALPHA = 0.2       # weight of the newest service time in the moving average
 RETRY_AFTER_MAX_S = 60
 SPILL_SERVICES = 2.0      # a ticket waits for its home replica this many mean service times
-SCAN = 64                 # waiting tickets looked at for a free slot, at most
 KNOWN_SLOTS = 4096        # more slots than this: unknown (api.router.MAX_SLOTS)
 
 
@@ -93,25 +82,6 @@ class Rejected:
     retry_after_s: int      # whole seconds, at least 1: for the Retry-After header
 
 
-@dataclass(eq=False)
-class Ticket:
-    """A request waiting for a slot. ``outcome`` is None while it waits, then what was
-    decided; ``waiter`` is the shell's (the core never reads it)."""
-    id: int
-    model: str
-    key_id: str
-    priority: Priority
-    prefix: bytes | None
-    enqueued_at: float
-    deadline: float
-    outcome: Admitted | Rejected | None = None
-    cancelled: bool = False
-    waiter: Any = None
-    home: str | None = None     # the replica its prefix belongs to: it waits for that one
-    cached: bool = False        # ... where it was served last (its prompt is cached there)
-    spill_at: float = 0.0       # ... until then; after, any replica with a free slot
-
-
 @dataclass(frozen=True)
 class Queued:
     ticket: Ticket
@@ -123,13 +93,9 @@ Decision = Admitted | Queued | Rejected
 @dataclass
 class _Model:
     slots: dict[str, int] = field(default_factory=dict)   # replica -> slots, in table order
-    classes: dict[str, OrderedDict[str, deque[Ticket]]] = field(
-        default_factory=lambda: {p: OrderedDict() for p in PRIORITIES})
-    per_key: dict[str, int] = field(default_factory=dict)  # key -> tickets waiting
-    waiting: int = 0
+    queue: FairQueue = field(default_factory=FairQueue)
     service_s: float = SERVICE_S_GUESS
     fresh_s: float = SERVICE_S_GUESS    # ... of requests not served at a remembered home
-    pinned: dict[str, int] = field(default_factory=dict)   # replica -> tickets waiting for it
 
 
 def _ignore(_: Ticket) -> None:
@@ -170,7 +136,7 @@ class Admission:
 
     def waiting(self, model: str) -> int:
         m = self._models.get(model)
-        return m.waiting if m else 0
+        return m.queue.waiting if m else 0
 
     # -- deciding ---------------------------------------------------------------------
 
@@ -209,9 +175,9 @@ class Admission:
         m = self._models[model]
         if not m.slots:
             return Rejected("no_replicas", 1)
-        if m.waiting:   # tickets whose wait for their home replica ended take slots first
+        if m.queue.waiting:   # tickets whose wait for their home replica ended take slots first
             self._dispatch(m, now)
-        if m.waiting >= self.max_queue:   # make room of tickets overdue but not yet expired
+        if m.queue.waiting >= self.max_queue:   # make room of tickets overdue but not yet expired
             self._reject_where(m, lambda t: t.deadline <= now, "timeout")
         home, cached = (None, False) if prefix is None else self._home(m, prefix)
         # Every waiting ticket that could use a free slot has one (dispatch): a free slot
@@ -222,13 +188,13 @@ class Admission:
             self._remember(prefix, rid, now)
             return Admitted(rid, at_home=cached)
         if self.max_queue_per_key is not None and \
-                m.per_key.get(key_id, 0) >= self.max_queue_per_key:
+                m.queue.of_key(key_id) >= self.max_queue_per_key:
             return Rejected("queue_full", self._retry_after(m))
-        if m.waiting >= self.max_queue:
-            victim = self._push_out(m, key_id, priority)
+        if m.queue.waiting >= self.max_queue:
+            victim = m.queue.push_out(key_id, priority)
             if victim is None:
                 return Rejected("queue_full", self._retry_after(m))
-            self._unqueue(m, victim, rotate=False)
+            m.queue.remove(victim, rotate=False)
             self._decide(victim, Rejected("queue_full", self._retry_after(m)), [])
         # A remembered home holds the prefix's cache: worth waiting for as long as
         # computing it anew elsewhere takes (a request served away from its home). A
@@ -238,11 +204,7 @@ class Admission:
         ticket = Ticket(next(self._ids), model, key_id, priority, prefix, now,
                         now + self.max_wait_s, home=home, cached=cached,
                         spill_at=now + min(self.max_wait_s / 2, patience))
-        if home is not None:
-            m.pinned[home] = m.pinned.get(home, 0) + 1
-        m.classes[priority].setdefault(key_id, deque()).append(ticket)
-        m.per_key[key_id] = m.per_key.get(key_id, 0) + 1
-        m.waiting += 1
+        m.queue.add(ticket)
         return Queued(ticket)
 
     def release(self, replica: str, now: float, service_s: float | None = None,
@@ -275,7 +237,7 @@ class Admission:
             return self.release(ticket.outcome.replica, now)
         m = self._models.get(ticket.model)
         if ticket.outcome is None and m is not None:
-            self._unqueue(m, ticket, rotate=False)
+            m.queue.remove(ticket, rotate=False)
         return []
 
     def expire(self, now: float) -> list[Ticket]:
@@ -284,30 +246,12 @@ class Admission:
         every few milliseconds while tickets wait)."""
         decided: list[Ticket] = []
         for m in self._models.values():
-            if m.waiting:
+            if m.queue.waiting:
                 decided += self._reject_where(m, lambda t: t.deadline <= now, "timeout")
                 decided += self._dispatch(m, now)
         return decided
 
     # -- inside -----------------------------------------------------------------------
-
-    def _push_out(self, m: _Model, key_id: str, priority: Priority) -> Ticket | None:
-        """The ticket a full queue gives up for a newcomer, if any: the newest of the
-        lowest class below the newcomer's, else the newest of the key holding the most
-        tickets of the newcomer's class when that key holds at least two more than the
-        newcomer's key. So a key that floods the queue cannot keep other keys out of it
-        (they get its place, not a 429), while a queue shared evenly refuses newcomers."""
-        rank = PRIORITIES.index(priority)
-        for lower in reversed(PRIORITIES[rank + 1:]):
-            queue = m.classes[lower]
-            if queue:
-                return max(queue.values(), key=len)[-1]
-        queue = m.classes[priority]
-        if not queue:
-            return None
-        heaviest = max(queue.values(), key=len)
-        mine = len(queue.get(key_id, ()))
-        return heaviest[-1] if len(heaviest) >= mine + 2 else None
 
     def _free_replica(self, m: _Model, prefix: bytes | None) -> str | None:
         best, most = None, 0
@@ -321,23 +265,23 @@ class Admission:
 
     def _dispatch(self, m: _Model, now: float) -> list[Ticket]:
         """Give free slots to waiting tickets, in order of service: the first ticket (at
-        most :data:`SCAN` looked at) that may take a free slot gets it: a ticket waiting
+        most :data:`.queue.SCAN` looked at) that may take a free slot gets it: a ticket waiting
         for its home replica takes only a slot there until its ``spill_at``. One found
         overdue on the way is refused instead (its client has stopped waiting)."""
         decided: list[Ticket] = []
-        while m.waiting and any(n > self._inflight.get(rid, 0) for rid, n in m.slots.items()):
+        while m.queue.waiting and any(n > self._inflight.get(rid, 0) for rid, n in m.slots.items()):
             # More requests wait than the model has slots: every free slot will be
             # wanted at once, so none is kept for a cached turn that may come; a request
             # not cached anywhere takes it (waiting for its placed home left slots idle
             # under overload). Cached turns still wait for their home.
-            crowded = m.waiting >= sum(m.slots.values())
+            crowded = m.queue.waiting >= sum(m.slots.values())
             cached = self._cached_turn(m, now)
             if cached is not None:
                 self._admit_ticket(m, cached, cached.home, now, decided)  # type: ignore[arg-type]
                 continue
-            for ticket in self._in_order(m):
+            for ticket in m.queue.in_order():
                 if ticket.deadline <= now:
-                    self._unqueue(m, ticket, rotate=False)
+                    m.queue.remove(ticket, rotate=False)
                     self._decide(ticket, Rejected("timeout", self._retry_after(m)), decided)
                     break
                 at_home = ticket.home is not None and now < ticket.spill_at \
@@ -361,7 +305,7 @@ class Admission:
         if self.homes is None:
             return None
         served_next: str | None = None
-        for ticket in self._in_order(m):
+        for ticket in m.queue.in_order():
             served_next = served_next or ticket.priority
             if ticket.priority != served_next:
                 return None
@@ -372,22 +316,10 @@ class Admission:
 
     def _admit_ticket(self, m: _Model, ticket: Ticket, rid: str, now: float,
                       decided: list[Ticket]) -> None:
-        self._unqueue(m, ticket, rotate=True)
+        m.queue.remove(ticket, rotate=True)
         self._inflight[rid] = self._inflight.get(rid, 0) + 1
         self._remember(ticket.prefix, rid, now)
         self._decide(ticket, Admitted(rid, at_home=ticket.cached and ticket.home == rid), decided)
-
-    def _in_order(self, m: _Model) -> Iterator[Ticket]:
-        """Waiting tickets in order of service (the first :data:`SCAN`): by class, keys in
-        turn, each key's oldest first. The caller stops at its first change."""
-        seen = 0
-        for priority in PRIORITIES:
-            for tickets in m.classes[priority].values():
-                for ticket in tickets:
-                    yield ticket
-                    seen += 1
-                    if seen >= SCAN:
-                        return
 
     def _home(self, m: _Model, prefix: bytes) -> tuple[str, bool]:
         """The replica a prefix waits for, and whether its prompt is cached there. With
@@ -422,49 +354,15 @@ class Admission:
     def _loads(self, m: _Model) -> dict[str, int]:
         """Per replica: requests in flight and tickets waiting for it (bounded loads)."""
         others = self.others
-        return {rid: self._inflight.get(rid, 0) + m.pinned.get(rid, 0) + others.get(rid, 0)
+        return {rid: self._inflight.get(rid, 0) + m.queue.pinned.get(rid, 0) + others.get(rid, 0)
                 for rid in m.slots}
-
-    def _next(self, m: _Model) -> Ticket:
-        """The ticket served next: highest class, the key whose turn it is, its oldest."""
-        for priority in PRIORITIES:
-            queue = m.classes[priority]
-            if queue:
-                return next(iter(queue.values()))[0]
-        raise AssertionError("no ticket waits although the count says so")
-
-    def _unqueue(self, m: _Model, ticket: Ticket, rotate: bool) -> bool:
-        """Take ``ticket`` out of its queue; when it was served (``rotate``), its key's turn
-        passes to the next key."""
-        queue = m.classes[ticket.priority]
-        tickets = queue.get(ticket.key_id)
-        if tickets is None or ticket not in tickets:
-            return False
-        tickets.remove(ticket)
-        if not tickets:
-            del queue[ticket.key_id]
-        elif rotate:
-            queue.move_to_end(ticket.key_id)
-        if ticket.home is not None:
-            left_home = m.pinned.get(ticket.home, 0) - 1
-            if left_home > 0:
-                m.pinned[ticket.home] = left_home
-            else:
-                m.pinned.pop(ticket.home, None)
-        left = m.per_key[ticket.key_id] - 1
-        if left:
-            m.per_key[ticket.key_id] = left
-        else:
-            del m.per_key[ticket.key_id]
-        m.waiting -= 1
-        return True
 
     def _reject_where(self, m: _Model, doomed: Callable[[Ticket], bool],
                       reason: Reason) -> list[Ticket]:
         decided: list[Ticket] = []
-        victims = [t for q in m.classes.values() for ts in q.values() for t in ts if doomed(t)]
+        victims = m.queue.where(doomed)
         for ticket in victims:
-            self._unqueue(m, ticket, rotate=False)
+            m.queue.remove(ticket, rotate=False)
         for ticket in victims:  # after all left: the estimate sees the queue they leave
             self._decide(ticket, Rejected(reason, self._retry_after(m)), decided)
         return decided
@@ -479,6 +377,6 @@ class Admission:
         """Seconds until a new request would likely get a slot: the tickets ahead of it,
         served ``sum(slots)`` at a time, each taking the recent mean service time."""
         capacity = max(1, sum(m.slots.values()))
-        wait = m.service_s * (m.waiting + 1) / capacity
+        wait = m.service_s * (m.queue.waiting + 1) / capacity
         return max(1, min(RETRY_AFTER_MAX_S, math.ceil(wait)))
 

@@ -1,6 +1,6 @@
 """Requests in flight at each replica, shared by every gunicorn worker of one router.
 
-Admission (``admit.py``) must never send a replica more requests than its slots, counting
+Admission (``admission/gate.py``) must never send a replica more requests than its slots, counting
 the requests of *all* workers. :func:`create_file` (``serve.run``, before any worker forks)
 makes a small file in a private directory and names it in :data:`FILE_ENV`; each worker
 maps it (:class:`SharedSlots`) and owns one row, its *slot row* (a stable index 0..rows-1

@@ -1,6 +1,6 @@
 """Which replica served each prompt prefix last, shared by every worker of one router.
 
-Prefix affinity (``admission.py``) sends a conversation's later turns to the replica that
+Prefix affinity (``admission/core.py``) sends a conversation's later turns to the replica that
 has its prefix cached. Hashing alone agrees on that replica everywhere without state, but
 it places conversations by their hash, not by load: a dozen conversations on two replicas
 often split 4/8, and the busier replica's queue then eats what its cache saves. With this
