@@ -100,30 +100,23 @@ class Upstreams:
         self._pools.forget_except(urls)
 
     def forward(self, model: str, endpoints: Sequence[Endpoint], path: str, body: bytes,
-                headers: dict[str, str], admit: Admit | None = None) -> Answered:
+                headers: dict[str, str], admit: Admit) -> Answered:
         """POST ``body`` to an endpoint not marked down: the one ``admit`` gives a slot at
-        (admission: it may wait, or raise a 429), or without it the least busy one. A
-        failure before the first byte is tried once more, admitted again (on another
-        replica when there is one: a replica that refused the connection is marked down
-        and skipped), unless the engine may have started it (it was sent and the engine
-        stayed silent: the client gets the error, never a second run). Raises ReplicasUnreachable when no endpoint could be connected to
-        (nothing reached an engine: the caller may wait for the control service's view
+        (admission: it may wait, or raise a 429). A failure before the first byte is tried
+        once more, admitted again (on another replica when there is one: a replica that
+        refused the connection is marked down and skipped), unless the engine may have
+        started it (it was sent and the engine stayed silent: the client gets the error,
+        never a second run). Raises ReplicasUnreachable when no endpoint could be connected
+        to (nothing reached an engine: the caller may wait for the control service's view
         and try again)."""
-        tried: list[str] = []
         failures: list[str] = []
         unreachable_only = True
         for _ in range(2):
             usable = self._balancer.usable(endpoints)
-            slot: Slot | None
-            if admit is None:
-                chosen = self._balancer.acquire(usable, avoid=tried)
-                slot = None if chosen is None else _Counted(self._balancer, chosen)
-            else:
-                slot = admit(usable) if usable else None
+            slot = admit(usable) if usable else None
             if slot is None:
                 break
             ep = slot.endpoint
-            tried.append(ep.replica_id)
             try:
                 answer = self._pools.post(ep.url, path, body, headers)
             except (Unreachable, FailedBeforeAnswer) as exc:
@@ -141,8 +134,7 @@ class Upstreams:
             except BaseException:
                 slot.release()
                 raise
-            if admit is not None:
-                self._balancer.touch(ep.replica_id)
+            self._balancer.touch(ep.replica_id)
             return self._respond(model, slot, answer)
         if unreachable_only:
             raise ReplicasUnreachable(
@@ -289,19 +281,3 @@ class Slot(Protocol):
 
 
 Admit = Callable[[Sequence[Endpoint]], "Slot | None"]
-
-
-class _Counted:
-    """A slot of the least-outstanding balancer (no admission)."""
-
-    __slots__ = ("endpoint", "_balancer", "_done")
-
-    def __init__(self, balancer: Balancer, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
-        self._balancer = balancer
-        self._done = False
-
-    def release(self) -> None:
-        if not self._done:
-            self._done = True
-            self._balancer.release(self.endpoint.replica_id)

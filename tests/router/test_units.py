@@ -1,4 +1,5 @@
-"""Pure parts of the router: config validation, balancer, routes table parsing."""
+"""Pure parts of the router: config validation, the balancer's down marks and last use,
+routes table parsing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from llmgw_runtime.router.routes import parse_table
 from llmgw_runtime.router.serve import gunicorn_options
 from llmgw_runtime.settings import load
 
-E1, E2, E3 = (Endpoint(f"r{i}", f"http://127.0.0.1:{9000 + i}") for i in (1, 2, 3))
+E1, E2 = (Endpoint(f"r{i}", f"http://127.0.0.1:{9000 + i}") for i in (1, 2))
 
 
 def test_config_requires_control_url_and_token_and_reports_both() -> None:
@@ -42,45 +43,23 @@ def test_gunicorn_options_use_gevent_and_no_control_socket() -> None:
     assert opts["bind"] == ["127.0.0.1:1234"] and opts["worker_connections"] == 2000
 
 
-def test_balancer_picks_least_outstanding() -> None:
-    b = Balancer(clock=lambda: 100.0)
-    first = b.acquire([E1, E2])
-    second = b.acquire([E1, E2])
-    assert {first, second} == {E1, E2}
-    assert first is not None
-    b.release(first.replica_id)
-    assert b.acquire([E1, E2]) == first  # the other still has one outstanding
-
-
-def test_balancer_spreads_ties_and_records_last_use() -> None:
+def test_balancer_records_the_last_use_of_each_replica_it_is_told_of() -> None:
     now = [10.0]
     b = Balancer(clock=lambda: now[0])
-    seen = set()
-    for _ in range(6):
-        ep = b.acquire([E1, E2, E3])
-        assert ep is not None
-        seen.add(ep.replica_id)
-        b.release(ep.replica_id)
-        now[0] += 1
-    assert seen == {"r1", "r2", "r3"}
-    assert set(b.last_used()) == {"r1", "r2", "r3"}
-    assert max(b.last_used().values()) == 15.0
-
-
-def test_balancer_avoids_failed_replica_unless_it_is_the_only_one() -> None:
-    b = Balancer()
-    assert b.acquire([E1, E2], avoid={"r1"}) == E2
-    assert b.acquire([E1], avoid={"r1"}) == E1
-    assert b.acquire([]) is None
-
-
-def test_balancer_release_never_goes_negative_and_forget_prunes() -> None:
-    b = Balancer()
-    b.release("r9")
-    assert b.outstanding("r9") == 0
-    b.acquire([E1])
-    b.forget_except({"r2"})
     assert b.last_used() == {}
+    b.touch("r1")
+    now[0] += 5
+    b.touch("r2")
+    b.touch("r2")
+    assert b.last_used() == {"r1": 10.0, "r2": 15.0}
+
+
+def test_balancer_forgets_the_last_use_of_replicas_the_table_dropped() -> None:
+    b = Balancer()
+    b.touch("r1")
+    b.touch("r2")
+    b.forget_except({"r2"})
+    assert set(b.last_used()) == {"r2"}
 
 
 def test_parse_table_keeps_first_seen_and_rejects_bad_shape() -> None:
