@@ -102,7 +102,7 @@ class RouterMetrics:
             "llmgw_router_in_flight", "Requests of the model being answered now", ["model"],
             multiprocess_mode="livesum", registry=owner)
 
-        # Admission (admit.py): the queue for a free slot, and what became of each request.
+        # Admission (admission/gate.py): the queue for a free slot, and what became of each request.
         self.queue_depth = Gauge(
             "llmgw_router_queue_depth", "Requests of the model waiting for a free slot",
             ["model"], multiprocess_mode="livesum", registry=owner)

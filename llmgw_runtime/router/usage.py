@@ -4,7 +4,7 @@ to the control service, which stores them (docs/keys.md, "Usage").
 - :class:`Meter`, one per request: asks a chat or text completion stream's engine for its
   usage when the client did not (``tokens.usage_asked``), reads the tokens of every 2xx
   answer as it passes (``tokens.py``), adds them to this worker's book, and when the
-  request ends settles its key's token limit (``limits.py``) with them.
+  request ends settles its key's token limit (``tables/limits.py``) with them.
 - :class:`UsageBook`, one per worker: requests and tokens per (key hash, model) since the
   last report.
 - :class:`UsageReporter`: once a tick (the routes loop) posts what the book gathered as

@@ -49,8 +49,8 @@ from .proxy import Answered
 from .usage import METER
 
 if TYPE_CHECKING:
-    from .app import RouterState
     from .routes import RoutesTable
+    from .state import RouterState
 
 log = logging.getLogger(__name__)
 

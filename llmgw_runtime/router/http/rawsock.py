@@ -1,5 +1,5 @@
 """Sending on a gevent socket's OS socket first, gevent's machinery only when the OS
-socket would block (reads: ``upstream._Link.fill`` reads the OS socket after its wait).
+socket would block (reads: ``http/client.Link.read`` and the relay read the OS socket).
 
 gevent's ``sendall`` asks the kernel for the send buffer's size (a ``getsockopt`` call)
 and goes through four Python frames before its one ``send``; its ``recv`` tries a read

@@ -1,0 +1,324 @@
+"""What one router worker keeps and does for a proxied request before the engine answers:
+the routes table, the API key check, the key's limits and usage meter, the model's
+readiness (activation, honest refusals) and the forward through admission."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..api.states import ModelState
+from ..control.throttle import ROUTER, Throttle, retry_after
+from ..security import bearer, hash_token
+from .admission.affinity import prefix_key
+from .admission.gate import Gate, Lease
+from .admission.gone import client_gone
+from .balancer import Balancer, Endpoint
+from .config import RouterConfig
+from .errors import (
+    InvalidApiKey,
+    KeyRateLimited,
+    ModelFailing,
+    ModelNotFound,
+    ModelNotReady,
+    ModelParked,
+    ModelStopped,
+    ModelUnplaceable,
+    ReplicasUnreachable,
+    TooManyFailedKeys,
+    UpstreamError,
+)
+from .metrics import RouterMetrics
+from .proxy import Admit, Answered, Upstreams, upstream_headers
+from .routes import (
+    ControlClient,
+    ControlError,
+    ControlRefused,
+    ModelRoute,
+    RoutesCache,
+    RoutesTable,
+)
+from .tables import limits
+from .tables.limits import Limiter, estimate_tokens
+from .usage import METER, Meter, UsageBook, UsageReporter
+from .wsgi import KEY_ID
+
+log = logging.getLogger(__name__)
+
+_ACTIVATE_STATES = (ModelState.STARTING, ModelState.ACTIVATING, ModelState.IDLE)
+
+
+class RouterState:
+    """Everything one worker keeps: the balancer, the routes cache, the upstream pools."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.metrics = RouterMetrics()
+        self.balancer = Balancer()
+        self.gate = Gate(self.metrics, config.slot_share_parts)
+        self.metrics.slots_in_use_source = self._slots_in_use
+        self.control = ControlClient(config.control_url, config.router_token,
+                                     ca_file=config.ca_file)
+        # Per-key limits (shared by the router's workers) and usage (this worker's, posted
+        # once a tick): tables/limits.py, usage.py.
+        self.limiter = Limiter(limits.for_this_process(), config.slot_share_parts,
+                               self.gate.locked)
+        self.usage = UsageBook()
+        self.usage_reporter = UsageReporter(self.usage, self.control.post_usage,
+                                            retry=(ControlError,), refused=(ControlRefused,))
+        self.routes = RoutesCache(self.control, config.refresh_interval_s,
+                                  self.balancer.last_used, on_table=self._on_table,
+                                  capacity=self.gate.capacity,
+                                  on_tick=self.usage_reporter.post)
+        self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s,
+                                   on_unreachable=self.routes.report_unreachable,
+                                   max_buffered=config.max_buffered_answer_bytes)
+        self._activated: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.key_throttle = Throttle(ROUTER)
+
+    def _on_table(self, table: RoutesTable) -> None:
+        self.balancer.forget_except(table.replica_ids())
+        self.gate.forget_except(table.replica_ids())
+        self.upstreams.forget_except({e.url for m in table.models.values() for e in m.endpoints})
+
+    def _slots_in_use(self) -> dict[str, int]:
+        """For /metrics: models whose replicas have known slots, and any other model
+        with requests in flight."""
+        table = self.routes.table
+        models = table.models.values() if table is not None else ()
+        used = self.gate.slots_in_use({m.name: [e.replica_id for e in m.endpoints]
+                                       for m in models if m.endpoints})
+        limited = {m.name for m in models if any(e.slots for e in m.endpoints)}
+        return {model: n for model, n in used.items() if n or model in limited}
+
+    def current_table(self) -> RoutesTable:
+        """The routes table; the first request of a worker fetches it if the loop has not."""
+        self.routes.ensure_started()
+        table = self.routes.table or self.routes.refresh(max_age_s=0.5)
+        if table is None:
+            raise ModelNotReady("the router has no routes table yet: "
+                                f"{self.routes.problem or 'control service not reached'}. "
+                                "Check that the control service runs (`llmgw ctl status`) "
+                                "and that the router token is right")
+        return table
+
+    def check_api_key(self, table: RoutesTable, environ: dict[str, Any]) -> None:
+        """The request's API key (``Authorization: Bearer``, or ``X-Api-Key`` as Anthropic's
+        clients send it) must be one of the table's; an address that sent many
+        wrong keys is refused (429, Retry-After) for a growing while before any check
+        (control/throttle.py: per worker process, by TCP peer address, not
+        X-Forwarded-For)."""
+        environ[KEY_ID] = "-"
+        if not self.config.require_api_key:
+            return
+        address, now = environ.get("REMOTE_ADDR") or "-", time.monotonic()
+        wait = self.key_throttle.wait_s(address, now)
+        if wait > 0:
+            raise TooManyFailedKeys(f"too many requests with a wrong API key from your "
+                                    f"address; retry after {retry_after(wait)} s with a "
+                                    "valid key", retry_after_s=wait)
+        key = bearer(environ.get("HTTP_AUTHORIZATION"))
+        if key is None:     # Anthropic's clients send their key as X-Api-Key
+            key = environ.get("HTTP_X_API_KEY") or None
+        if not table.api_key_hashes:
+            raise InvalidApiKey("this router requires an API key and none is configured: "
+                                "create one with `llmgw ctl keys create NAME` and send it as "
+                                "`Authorization: Bearer sk-llmgw-...`")
+        if key is None:
+            raise InvalidApiKey("no API key: send `Authorization: Bearer <key>`; create a key "
+                                "with `llmgw ctl keys create NAME`")
+        key_id = environ[KEY_ID] = hash_token(key)
+        if key_id not in table.api_key_hashes:
+            if self.key_throttle.failed(address, now):
+                log.warning("repeated wrong API keys from %s; refusing it for a while",
+                            address)
+            raise InvalidApiKey("the API key is not valid: use a key made with "
+                                "`llmgw ctl keys create NAME` (keys are shown only once)")
+        self.key_throttle.succeeded(address)
+        if table.expired(key_id):
+            raise InvalidApiKey("this API key has expired: ask the operator for a new one "
+                                "(`llmgw ctl keys create NAME`) or a later expiry "
+                                "(`llmgw ctl keys set NAME --expires 30d`)")
+
+    def meter(self, environ: dict[str, Any], table: RoutesTable, doc: dict[str, Any],
+              body_bytes: int) -> Meter:
+        """The request's usage meter, once its key's limits let it through: a key with a
+        limit takes one request and its estimated tokens of this router's share now, or
+        the request is refused (429 rate_limit_exceeded, Retry-After)."""
+        key_id = environ.get(KEY_ID) or "-"
+        limit = table.key_limits.get(key_id)
+        if limit is None:
+            meter = Meter(key_id, self.usage, prompt=estimate_tokens({}, body_bytes))
+        else:
+            estimate = estimate_tokens(doc, body_bytes) if limit.tpm is not None else 0
+            verdict = self.limiter.check(key_id, limit, estimate)
+            if not verdict.allowed:
+                kind = verdict.refused or "requests"
+                per_minute = limit.rpm if kind == "requests" else limit.tpm
+                routers = self.config.slot_share_parts[1]
+                flag = "--rpm" if kind == "requests" else "--tpm"
+                raise KeyRateLimited(
+                    f"API key '{limit.name}' is over its limit of {per_minute} {kind} per "
+                    "minute" + (f" (this router lets through its share, 1/{routers}, as "
+                                f"each of the {routers} routers does)" if routers > 1 else "")
+                    + f"; retry after {retry_after(verdict.retry_after_s)} s, or ask the "
+                    f"operator for a higher limit (`llmgw ctl keys set {limit.name} {flag} "
+                    "N`)", kind=kind, retry_after_s=verdict.retry_after_s)
+            meter = Meter(key_id, self.usage, self.limiter, limit, estimate,
+                          prompt=estimate_tokens({}, body_bytes))
+        environ[METER] = meter
+        return meter
+
+    def _activate(self, model: str) -> dict[str, Any]:
+        """Ask control to start ``model``; concurrent requests share one call a second."""
+        now = time.monotonic()
+        cached = self._activated.get(model)
+        if cached and now - cached[0] < 1.0:
+            return cached[1]
+        self._activated[model] = (now, {})
+        try:
+            answer = self.control.activate(model)
+        except Exception as exc:  # control unreachable: keep waiting on the table
+            log.warning("activation of %s not requested: %s", model, exc)
+            answer = {}
+        self._activated[model] = (now, answer)
+        return answer
+
+    def table_for(self, model: str, table: RoutesTable) -> RoutesTable:
+        """``table``, or for a model it does not list a table fetched after now: a model
+        added by `ctl apply` a moment ago is never answered 404 (the fetch is shared)."""
+        if model in table.models:
+            return table
+        return self.routes.refresh_since(time.time()) or table
+
+    def resolve(self, model: str, table: RoutesTable) -> ModelRoute:
+        """The model's route with at least one usable endpoint (not marked down), activating
+        and waiting if needed; refused at once when parked, unplaceable or failing."""
+        route = table.models.get(model)
+        if route is None:
+            raise ModelNotFound(f"model '{model}' is not in the catalog; GET /v1/models lists "
+                                "the models this router serves", param="model")
+        if self.balancer.usable(route.endpoints):
+            return route
+        _refuse(route.state, route.reason, model)
+        _refuse_failing(model, route.failures, route.last_error, route.retry_after_s,
+                        table.fetched_at)
+        if route.state != ModelState.READY:   # ready, but this worker cannot reach it: wait
+            answer = self._activate(model)
+            _refuse(str(answer.get("state") or ""), answer.get("reason"), model)
+            _refuse_failing(model, int(answer.get("failures") or 0), answer.get("last_error"),
+                            answer.get("retry_after_s"), time.time())
+        started = time.monotonic()
+        deadline = started + self.config.activation_timeout_s
+        # Ready replicas this worker cannot connect to: the control service takes them out
+        # within a tick or two of hearing it; when it still lists them after that (it is
+        # away, or their agent insists), the honest answer is that they failed (502).
+        down_deadline = started + min(self.config.activation_timeout_s,
+                                      2 * self.config.refresh_interval_s + 1.0)
+        step = min(0.5, self.config.refresh_interval_s)
+        fetched_at = table.fetched_at
+        while time.monotonic() < deadline:
+            time.sleep(max(0.0, min(step, deadline - time.monotonic())))
+            current = self.routes.refresh(max_age_s=step)
+            if current is not None and model in current.models:
+                route, fetched_at = current.models[model], current.fetched_at
+            if self.balancer.usable(route.endpoints):
+                return route
+            _refuse(route.state, route.reason, model)
+            _refuse_failing(model, route.failures, route.last_error, route.retry_after_s,
+                            fetched_at)
+            if route.endpoints and time.monotonic() >= down_deadline:
+                self._refuse_down(model, route)
+        down = [f"{e.replica_id}: {why}" for e in route.endpoints
+                if (why := self.balancer.down(e.replica_id))]
+        raise ModelNotReady(f"model '{model}' has no ready replica after "
+                            f"{self.config.activation_timeout_s:g} s (state: {route.state}"
+                            + (f", {route.reason}" if route.reason else "")
+                            + (f"; this router could not connect to {'; '.join(down)}"
+                               if down else "")
+                            + "); retry later, `llmgw ctl status` shows its progress",
+                            param="model")
+
+    def _refuse_down(self, model: str, route: ModelRoute) -> None:
+        down = [f"{e.replica_id} ({e.url}): {why}" for e in route.endpoints
+                if (why := self.balancer.down(e.replica_id))]
+        raise UpstreamError(f"no replica of model '{model}' can be reached from this router: "
+                            + "; ".join(down) + ". The control service still lists them as "
+                            "ready; retry shortly, `llmgw ctl status` shows the replicas' "
+                            "state")
+
+    def forward(self, environ: dict[str, Any], model: str, route: ModelRoute, path: str,
+                body: bytes, doc: dict[str, Any], table: RoutesTable) -> Answered:
+        """Proxy to the route's replicas, each request admitted to a slot first
+        (admission/gate.py).
+        When none could be connected to (nothing reached an engine), wait once for what
+        the control service makes of it (another replica, or an honest refusal) instead of
+        answering 502 at once."""
+        headers = upstream_headers(environ)
+        admit = self._admitter(environ, model, doc, table)
+        meter: Meter | None = environ.get(METER)
+        if meter is not None:     # a completion stream asks the engine for its usage
+            body = meter.prepare(path, doc, body)
+        try:
+            answer = self.upstreams.forward(model, route.endpoints, path, body, headers,
+                                            admit(route))
+        except ReplicasUnreachable:
+            table = self.routes.refresh(max_age_s=0.1) or self.current_table()
+            route = self.resolve(model, table)
+            answer = self.upstreams.forward(model, route.endpoints, path, body, headers,
+                                            admit(route))
+        return answer if meter is None else meter.observe(answer, model, path)
+
+    def _admitter(self, environ: dict[str, Any], model: str, doc: dict[str, Any],
+                  table: RoutesTable) -> Callable[[ModelRoute], Admit]:
+        """What admits this request to a slot of a route's endpoints: its API key (the
+        fairness key), the key's priority, its prefix key when the model routes by
+        prefix affinity, and a check that its client is still there."""
+        key_id = environ.get(KEY_ID) or "-"
+        priority = table.key_priorities.get(key_id, "normal")
+        gate = self.gate
+
+        def for_route(route: ModelRoute) -> Admit:
+            prefix = (prefix_key(doc, environ.get("PATH_INFO"))
+                      if route.routing == "prefix-affinity" else None)
+
+            def admit(endpoints: Sequence[Endpoint]) -> Lease | None:
+                return gate.admit(model, endpoints, key_id, priority,  # type: ignore[arg-type]
+                                  prefix, route.max_queue, route.max_wait_s,
+                                  lambda: client_gone(environ))
+            return admit
+        return for_route
+
+
+def _refuse_failing(model: str, failures: int, last_error: str | None,
+                    retry_after_s: float | None, fetched_at: float) -> None:
+    """No ready replica and the current start streak failed: refuse now, saying why and
+    when the next start may begin, instead of making the client wait on it."""
+    if failures < 1:
+        return
+    left = max(0.0, (retry_after_s or 0.0) - max(0.0, time.time() - fetched_at))
+    when = (f"The next start may begin in {math.ceil(left)} s" if left > 0
+            else "The next start is under way")
+    raise ModelFailing(f"model '{model}' has no ready replica ({failures} failure"
+                       + ("" if failures == 1 else "s") + " in a row; last error: "
+                       f"{last_error or 'unknown'}). {when}: retry after the Retry-After "
+                       "seconds; `llmgw ctl status` shows its progress",
+                       retry_after_s=left, param="model")
+
+
+def _refuse(state: str, reason: Any, model: str) -> None:
+    if state == "parked":
+        raise ModelParked(f"model '{model}' is parked after repeated failed starts; last error: "
+                          f"{reason or 'unknown'}. Fix the cause, then run "
+                          f"`llmgw ctl retry {model}`", param="model")
+    if state == "unplaceable":
+        raise ModelUnplaceable(f"model '{model}' cannot be placed: {reason or 'no device fits'}. "
+                               "Free or add a device that fits its profile, or change the "
+                               "profile in the catalog", param="model")
+    if state == "stopped":
+        raise ModelStopped(f"model '{model}' is stopped: it has replicas: 0 in the catalog. "
+                           "An operator starts it by giving it replicas (or on_demand: true) "
+                           "and running `llmgw ctl apply`", param="model")
