@@ -114,6 +114,21 @@ def asking_usage(doc: dict[str, Any]) -> dict[str, Any]:
                                       "include_usage": True}}
 
 
+_ASK = b'{"stream_options":{"include_usage":true}'
+
+
+def asking_usage_body(doc: dict[str, Any], body: bytes) -> bytes:
+    """``body`` (whose JSON is ``doc``) asking for the stream's usage: without
+    ``stream_options`` in it, the field is put in front of the others without decoding
+    and encoding the whole request again (a long prompt's JSON costs more to write than
+    the rest of a request)."""
+    if "stream_options" not in doc:
+        start = body.find(b"{")
+        rest = body[start + 1:]
+        return _ASK + (b"" if rest.lstrip()[:1] == b"}" else b",") + rest
+    return json.dumps(asking_usage(doc)).encode()
+
+
 def _data(event: bytes) -> Any:
     """The decoded JSON of an SSE event's ``data:`` lines, or None."""
     lines = [line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]

@@ -15,7 +15,6 @@ to the control service, which stores them (docs/keys.md, "Usage").
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -31,7 +30,7 @@ import pydantic
 from ..api.usage import MAX_USAGE_ENTRIES, UsageEntry, UsageReport
 from .proxy import Answered, Stream
 from .tables.limits import KeyLimit, Limiter
-from .tokens import BodyScan, StreamScan, Tokens, asking_usage, usage_asked, usage_in_body
+from .tokens import BodyScan, StreamScan, Tokens, asking_usage_body, usage_asked, usage_in_body
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ class Meter:
         """The body to send: for a completion stream whose client did not ask for its
         usage, one that asks (its usage chunk is removed on the way back)."""
         self._strip = usage_asked(path, doc)
-        return json.dumps(asking_usage(doc)).encode() if self._strip else body
+        return asking_usage_body(doc, body) if self._strip else body
 
     def observe(self, answer: Answered, model: str, path: str) -> Answered:
         """``answer``, its tokens read: a whole answer now, a stream as it passes."""

@@ -4,6 +4,7 @@ next one, a refused one is dropped; a routes table with a hostile limit is refus
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -12,7 +13,10 @@ import pytest
 from llmgw_runtime.api.usage import UsageReport
 from llmgw_runtime.router.routes import ControlError, ControlRefused, parse_table
 from llmgw_runtime.router.tables.limits import KeyLimit
-from llmgw_runtime.router.tokens import Tokens
+from llmgw_runtime.router.tokens import (
+    Tokens,
+    asking_usage_body,  # noqa: I001
+)
 from llmgw_runtime.router.usage import UsageBook, UsageReporter
 
 KEY = "ab" * 32
@@ -127,3 +131,17 @@ def test_the_routes_table_carries_each_keys_limits() -> None:
 def test_a_routes_table_with_a_hostile_key_limit_is_refused_whole(limits: Any) -> None:
     with pytest.raises(ValueError, match="malformed"):
         parse_table(_table(key_limits=limits), 0)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model":"m","stream":true,"messages":[]}',
+    b'  {\n "model": "m", "stream": true}',
+    b'{"stream":true,"stream_options":{"other":1},"model":"m"}',
+    b'{"stream": true, "stream_options": {"include_usage": false}}',
+])
+def test_the_body_that_asks_for_usage_is_the_clients_json_with_include_usage(
+        body: bytes) -> None:
+    doc = json.loads(body)
+    asked = json.loads(asking_usage_body(doc, body))
+    options = doc.get("stream_options") or {}
+    assert asked == {**doc, "stream_options": {**options, "include_usage": True}}
