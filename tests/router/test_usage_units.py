@@ -13,10 +13,7 @@ import pytest
 from llmgw_runtime.api.usage import UsageReport
 from llmgw_runtime.router.routes import ControlError, ControlRefused, parse_table
 from llmgw_runtime.router.tables.limits import KeyLimit
-from llmgw_runtime.router.tokens import (
-    Tokens,
-    asking_usage_body,  # noqa: I001
-)
+from llmgw_runtime.router.tokens import Tokens, asking_usage_body
 from llmgw_runtime.router.usage import UsageBook, UsageReporter
 
 KEY = "ab" * 32
