@@ -1,6 +1,6 @@
 """Every `make TARGET` that README.md, docs/ or bench/README.md name works on its own from a
 fresh clone: make's own plan for it (``make -n`` in a directory with only the Makefile and
-pyproject.toml, as a clone has no .venv) installs every Python package a command of the
+the files its install depends on, as a clone has no .venv) installs every Python package a command of the
 plan uses before that command runs.
 
 `make molecule` once ran the cluster scenario, whose prepare step writes the tiny test model
@@ -107,7 +107,9 @@ def plan_of(target: str, makefile: str, tmp_path: Path) -> str:
     fresh = tmp_path / "clone"
     fresh.mkdir(exist_ok=True)
     (fresh / "Makefile").write_text(makefile)
-    shutil.copy(ROOT / "pyproject.toml", fresh / "pyproject.toml")
+    for name in ("pyproject.toml", "setup.py", "llmgw_runtime/router/http/_relay.py"):
+        (fresh / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, fresh / name)      # what the install's stamp depends on
     done = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=fresh,
                           capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin"})
