@@ -45,8 +45,10 @@ from .core import Admission, Admitted, Priority, Queued, Rejected, Ticket
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.005           # how often a worker with waiting requests looks for freed slots
-WAIT_STEP_S = 0.05       # how often a waiting request checks that its client is there
+POLL_S = 0.005           # how often a worker looks for slots other workers freed, while
+                         # they hold slots its waiting requests could take
+IDLE_POLL_S = 1.0        # else at most this long, until the next max_wait_s expiry
+WAIT_STEP_S = 0.5        # how often a waiting request checks that its client is there
 _MAX_SAMPLES = 2000      # wait times kept per model between two capacity reports
 _BIG = 1_000_000         # api.fields.SmallCount
 _QUEUE = "\0queue:"      # slot-count columns of a model's waiting requests: "\0queue:<model>"
@@ -294,18 +296,27 @@ class Gate:
             self._poller.start()
 
     def _poll_loop(self) -> None:
+        """Polls while requests wait: every :data:`POLL_S` while another worker holds a slot
+        they could take, else at the next ``max_wait_s`` expiry (at most
+        :data:`IDLE_POLL_S`; this worker's own releases wake its waiters at once). 200
+        wake-ups a second cost an engine on the same cores about 2 % of its speed
+        (docs/performance.md)."""
+        pause = POLL_S
         while self._waiting > 0:
-            time.sleep(POLL_S)
+            time.sleep(pause)
             try:
-                self.poll()
+                pause = self.poll()
             except Exception:  # a bug here must not leave requests waiting forever
                 log.exception("admission poll failed; trying again")
+                pause = POLL_S
 
-    def poll(self) -> None:
+    def poll(self) -> float:
         """Hand slots other workers freed to this worker's waiting tickets, and refuse
-        those past ``max_wait_s``."""
+        those past ``max_wait_s``; how long the poller may sleep before the next poll."""
         counts = self._counts
         now = self._clock()
+        others_hold = False
+        pause = IDLE_POLL_S
         with counts.locked():
             for model, core in self._cores.items():
                 if not core.waiting(model):
@@ -313,11 +324,16 @@ class Gate:
                 rids = self._replicas.get(model, ())
                 shares = self._slots.get(model, {})
                 others = counts.others(rids)
+                others_hold = others_hold or any(others)
                 core.others = dict(zip(rids, others, strict=True))
                 core.update(model, {rid: max(0, shares[rid] - other)
                                     for rid, other in zip(rids, others, strict=True)}, now)
                 core.expire(now)
                 self._sync(core, model, rids)
+                since = self._queued_at.get(model)
+                if since:
+                    pause = min(pause, min(since.values()) + core.max_wait_s - now)
+        return POLL_S if others_hold else max(POLL_S, pause)
 
     def locked(self) -> AbstractContextManager[Any]:
         """The slot counts' lock, shared by the router's workers: the router's other shared
