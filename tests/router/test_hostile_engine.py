@@ -258,3 +258,23 @@ def test_a_stream_that_breaks_reaches_the_openai_client_as_an_error() -> None:
             while chunk := raw.recv(65536):
                 wire += chunk
         assert b"t1" in wire and not wire.endswith(b"0\r\n\r\n")
+
+
+def test_a_stream_silent_past_the_idle_limit_is_cut_and_looks_cut() -> None:
+    def stalls(conn: socket.socket, n: int) -> None:
+        conn.sendall(_SSE_HEAD + _event(0))
+        time.sleep(0.5)
+        conn.sendall(_event(1))          # progress: the limit starts again here
+        time.sleep(4)
+
+    with routed(stalls, upstream_timeout_s=1.0) as r:
+        client = openai.OpenAI(base_url=r.url + "/v1", api_key=API_KEY, max_retries=0)
+        got: list[Any] = []
+        started = time.monotonic()
+        with pytest.raises((openai.APIConnectionError, openai.APIError)):
+            for chunk in client.chat.completions.create(model="m", messages=CHAT["messages"],
+                                                        stream=True):
+                got.append(chunk.choices[0].delta.content)
+        took = time.monotonic() - started
+        assert got == ["t0", "t1"]
+        assert 1.4 < took < 3.0, f"cut after {took:.1f} s (1 s of silence after 0.5 s)"
