@@ -236,24 +236,17 @@ class Stream:
                            f"off: {exc}") from None
 
     def __iter__(self) -> Iterator[bytes]:
-        scan, first_byte = self.scan, self.first_byte
+        outgoing = impl.Outgoing(None, False, self.scan, self.first_byte)
         try:
             for data in self._answer.chunks():
-                if scan is not None:
-                    data = scan.feed(data)
-                    if not data:
-                        continue
-                if first_byte is not None:
-                    first_byte()
-                    first_byte = None
-                yield data
+                out = outgoing.piece(data)
+                if out:
+                    yield out
         except BrokeOff as exc:
             self._broke(exc)
         self.outcome = "complete"
-        rest = scan.end() if scan is not None else b""
+        rest = outgoing.end()
         if rest:
-            if first_byte is not None:
-                first_byte()
             yield rest
 
     def close(self) -> None:

@@ -175,21 +175,55 @@ def next_piece(link: Any, reader: Reader) -> bytes | None:
         reader.feed(got)
 
 
-def frame(data: bytes) -> bytes:
-    """``data`` as one chunk of the chunked transfer coding."""
-    return b"%x\r\n%b\r\n" % (len(data), data)
+class Outgoing:
+    """What the client is sent for an answer's pieces: each through the usage ``scan``
+    (or None), which says what to pass on; ``first_byte`` (or None) called once, before
+    the first byte goes out; chunk-framed when ``chunked``; ``head`` (or None) before the
+    first bytes; at the end what the scan held back, and the terminator when chunked.
+    One for :func:`relay`, :class:`Pump` and a stream the server iterates."""
+
+    def __init__(self, head: bytes | None, chunked: bool, scan: Any, first_byte: Any) -> None:
+        self.pending = head
+        self.chunked = chunked
+        self.scan = scan
+        self.first_byte = first_byte
+
+    def piece(self, data: bytes) -> bytes:
+        if self.scan is not None:
+            data = self.scan.feed(data)
+            if not data:
+                return b""
+        return self._out(data)
+
+    def end(self) -> bytes:
+        tail = self.scan.end() if self.scan is not None else b""
+        out = self._out(tail) if tail else b""
+        if self.chunked:
+            out += TERMINATOR
+        if self.pending is not None:
+            out = self.pending + out
+            self.pending = None
+        return out
+
+    def _out(self, data: bytes) -> bytes:
+        if self.first_byte is not None:
+            self.first_byte()
+            self.first_byte = None
+        if self.chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        if self.pending is not None:
+            data = self.pending + data
+            self.pending = None
+        return data
 
 
 def relay(link: Any, reader: Reader, send: Any, head: bytes, chunked: bool, scan: Any,
           first_byte: Any) -> None:
     """Carry the rest of the answer to the client: ``send`` (all of its bytes to the
-    client) gets the head with the first piece, then each piece as it comes (chunk-framed
-    when ``chunked``) and at the end the terminator. ``scan`` (or None) sees every piece
-    and says what to pass on; ``first_byte`` (or None) is called once, before the first
-    piece is sent. Raises Closed or Malformed when the engine's answer broke (the caller
-    ends the client's connection without the terminator), OSError when the client went
-    away."""
-    pending: bytes | None = head
+    client) gets what :class:`Outgoing` makes of each piece as it comes, and of the end.
+    Raises Closed or Malformed when the engine's answer broke (the caller ends the
+    client's connection without the terminator), OSError when the client went away."""
+    outgoing = Outgoing(head, chunked, scan, first_byte)
     while True:
         try:
             data = next_piece(link, reader)
@@ -197,30 +231,12 @@ def relay(link: Any, reader: Reader, send: Any, head: bytes, chunked: bool, scan
             raise Closed(f"{type(exc).__name__}: {exc}") from None
         if data is None:
             break
-        if scan is not None:
-            data = scan.feed(data)
-            if not data:
-                continue
-        if first_byte is not None:
-            first_byte()
-            first_byte = None
-        if chunked:
-            data = b"%x\r\n%b\r\n" % (len(data), data)
-        if pending is not None:
-            data = pending + data
-            pending = None
-        send(data)
-    tail = scan.end() if scan is not None else b""
-    if tail:
-        if first_byte is not None:
-            first_byte()
-        tail = frame(tail) if chunked else tail
-    if chunked:
-        tail += TERMINATOR
-    if pending is not None:
-        tail = pending + tail
-    if tail:
-        send(tail)
+        out = outgoing.piece(data)
+        if out:
+            send(out)
+    out = outgoing.end()
+    if out:
+        send(out)
 
 
 class ClientStalled(OSError):
@@ -249,10 +265,7 @@ class Pump:
         self.up = up
         self.reader = reader
         self.client = client
-        self.pending: bytes | None = head
-        self.chunked = chunked
-        self.scan = scan
-        self.first_byte = first_byte
+        self.outgoing = Outgoing(head, chunked, scan, first_byte)
         self.idle_s = idle_s
         self.finished = False
         self.backlog: bytes | None = None
@@ -294,29 +307,13 @@ class Pump:
         out = b""
         if reader.pieces:
             data = reader.take()
-            scan = self.scan
-            if scan is not None and data:
-                data = scan.feed(data)
             if data:
-                if self.first_byte is not None:
-                    self.first_byte()
-                    self.first_byte = None
-                out = b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
+                out = self.outgoing.piece(data)
         if reader.error is not None:
             raise reader.error
         if reader.done:
-            tail = self.scan.end() if self.scan is not None else b""
-            if tail:
-                if self.first_byte is not None:
-                    self.first_byte()
-                    self.first_byte = None
-                out += frame(tail) if self.chunked else tail
-            if self.chunked:
-                out += TERMINATOR
+            out += self.outgoing.end()
             self.finished = True
-        if self.pending is not None and (out or self.finished):
-            out = self.pending + out
-            self.pending = None
         return out
 
     def send(self, out: bytes) -> None:
