@@ -24,6 +24,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
 
+from .proxy import Stream
+
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN_MODEL = "(unknown)"
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -210,68 +212,22 @@ class MetricsMiddleware:
         except BaseException:
             self._metrics.finished(environ, "500", time.perf_counter() - started)
             raise
-        if isinstance(body, list):      # a whole answer in hand (not a stream): done now
-            took = time.perf_counter() - started
-            if any(body):
-                self._metrics.first_byte(environ, took)
-            self._metrics.finished(environ, status[0], took)
-            return body
-        if hasattr(body, "on_close"):     # a proxied stream (proxy.Stream): tapped, not wrapped
+        if isinstance(body, Stream):     # tapped, not wrapped: the relay sees the stream
             metrics = self._metrics
 
             def first_byte() -> None:
                 metrics.first_byte(environ, time.perf_counter() - started)
 
             def finished() -> None:
-                if body.outcome == "open":       # type: ignore[attr-defined]
+                if body.outcome == "open":
                     label = environ.get(_MODEL) or UNKNOWN_MODEL
                     metrics.child(metrics.cancelled, label, "streaming").inc()
                 metrics.finished(environ, status[0], time.perf_counter() - started)
-            body.first_byte = first_byte     # type: ignore[attr-defined]
-            body.on_close(finished)          # type: ignore[attr-defined]
+            body.first_byte = first_byte
+            body.on_close(finished)
             return body
-        return _Observed(body, self._metrics, environ, status, started)
-
-
-class _Observed:
-    """The answer's body: notes the first byte, and the end when the server closes it.
-    Past the first non-empty chunk the body's own iterator is delegated to (``yield
-    from``: no Python call of this wrapper per chunk of a stream)."""
-
-    __slots__ = ("_body", "_metrics", "_environ", "_status", "_started", "_it", "_closed")
-
-    def __init__(self, body: Iterable[bytes], metrics: RouterMetrics,
-                 environ: dict[str, Any], status: list[str], started: float) -> None:
-        self._body = body
-        self._metrics = metrics
-        self._environ = environ
-        self._status = status
-        self._started = started
-        self._it: Iterator[bytes] | None = None
-        self._closed = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        if self._it is None:     # once: a server may call iter() on it again
-            self._it = self._chunks()
-        return self._it
-
-    def _chunks(self) -> Iterator[bytes]:
-        it = iter(self._body)
-        for chunk in it:
-            if chunk:
-                self._metrics.first_byte(self._environ, time.perf_counter() - self._started)
-                yield chunk
-                break
-            yield chunk
-        yield from it
-
-    def close(self) -> None:
-        try:
-            close = getattr(self._body, "close", None)
-            if close is not None:
-                close()
-        finally:
-            if not self._closed:
-                self._closed = True
-                self._metrics.finished(self._environ, self._status[0],
-                                       time.perf_counter() - self._started)
+        took = time.perf_counter() - started    # a whole answer in hand (a list): done now
+        if isinstance(body, list) and any(body):
+            self._metrics.first_byte(environ, took)
+        self._metrics.finished(environ, status[0], took)
+        return body

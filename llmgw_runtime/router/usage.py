@@ -22,7 +22,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pydantic
@@ -185,20 +185,17 @@ class Meter:
             return answer
         self._answered = True
         body = answer.body
-        if isinstance(body, list):
-            self.record(model, usage_in_body(path, body[0] if len(body) == 1
-                                             else b"".join(body)))
+        if not isinstance(body, Stream):   # a whole answer (the proxy's other kind)
+            self.record(model, usage_in_body(path, b"".join(body)))
             return answer
         ctype = next((v for k, v in answer.headers if k.lower() == "content-type"), "")
         scan = (StreamScan(path, self._strip) if ctype.startswith("text/event-stream")
                 else BodyScan(path))
-        if isinstance(body, Stream):
-            body.scan = scan
-            tap = _Tap(scan, self, model)
-            body.on_close(tap.close)
-            self._tap = (body, tap)
-            return answer
-        return Answered(answer.status, answer.headers, Metered(body, scan, self, model))
+        body.scan = scan
+        tap = _Tap(scan, self, model)
+        body.on_close(tap.close)
+        self._tap = (body, tap)
+        return answer
 
     def record(self, model: str, tokens: Tokens | None) -> None:
         self._book.add(self.key_id, model, tokens)
@@ -208,9 +205,7 @@ class Meter:
     def done(self, body: Iterable[bytes]) -> None:
         """The request's answer is ``body``: settle now, or when it is a metered stream,
         once it closes."""
-        if isinstance(body, Metered):
-            body.final = True
-        elif self._tap is not None and self._tap[0] is body:
+        if self._tap is not None and self._tap[0] is body:
             self._tap[1].final = True
         else:
             self.finish()
@@ -254,42 +249,3 @@ class _Tap:
         self._meter.record(self._model, tokens)
         if self.final:
             self._meter.finish()
-
-
-class Metered:
-    """A streamed 2xx answer passed on through its scan (``tokens.py``); when the server
-    closes it, its tokens are recorded (and, for the request's final answer, settled)."""
-
-    __slots__ = ("_inner", "_scan", "_meter", "_model", "final", "_closed")
-
-    def __init__(self, inner: Iterable[bytes], scan: StreamScan | BodyScan, meter: Meter,
-                 model: str) -> None:
-        self._inner = inner
-        self._scan = scan
-        self._meter = meter
-        self._model = model
-        self.final = False
-        self._closed = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        feed = self._scan.feed
-        for chunk in self._inner:
-            out = feed(chunk)
-            if out:
-                yield out
-        rest = self._scan.end()
-        if rest:
-            yield rest
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            close = getattr(self._inner, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self._meter.record(self._model, self._scan.tokens)
-            if self.final:
-                self._meter.finish()
