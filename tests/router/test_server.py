@@ -3,24 +3,18 @@ gunicorn with RouterWorker): what a client on a raw socket, urllib and the opena
 see. Keep-alive and pipelining, bodies with a length, chunked and behind
 ``Expect: 100-continue``, strict refusals of smuggling shapes and oversized heads, header
 names with ``_`` dropped, HTTP/1.0, HEAD, streamed answers in chunked coding, deadlines for
-heads and whole bodies, and the lingering close after an early answer. At the end,
-tests against an in-process server (its gevent hub in a thread) with a WSGI app of their
-own: TCP_NODELAY, broken streams and the relay hook."""
+heads and whole bodies, and the lingering close after an early answer. The in-process
+tests (TCP_NODELAY, broken streams, the relay hook) are in test_server_inprocess.py."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
-import queue
 import socket
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from types import SimpleNamespace
-from typing import Any
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -29,8 +23,6 @@ from fake_control import FakeControl
 from llmgw_runtime.router import serve
 from llmgw_runtime.router.config import RouterConfig
 from llmgw_runtime.router.http.body_in import BODY_DEADLINE_ENV
-from llmgw_runtime.router.http.errors import StreamBroken
-from llmgw_runtime.router.http.server import RouterWorker
 
 from .conftest import API_KEY, ROUTER_TOKEN, model, running_router, table
 
@@ -427,174 +419,3 @@ def test_the_listen_backlog_is_2048_or_llmgw_router_backlog(
     monkeypatch.setenv(serve.BACKLOG_ENV, "lots")
     with pytest.raises(ValueError, match="LLMGW_ROUTER_BACKLOG='lots': set it to a whole"):
         serve.gunicorn_options(config)
-
-
-# -- in process: the server with an app of the test's own -------------------------------------
-
-WSGIApp = Callable[[dict[str, Any], Any], Any]
-
-
-@contextlib.contextmanager
-def serving(app: WSGIApp) -> Iterator[tuple[str, int]]:
-    """RouterWorker.handle serving ``app`` on a gevent StreamServer whose hub runs in a
-    thread of its own (gunicorn's worker object faked with what ``handle`` reads)."""
-    ready: queue.Queue[int] = queue.Queue()
-    stop = threading.Event()
-
-    def run() -> None:
-        import gevent
-        from gevent.server import StreamServer
-
-        worker = SimpleNamespace(
-            cfg=SimpleNamespace(keepalive=5, is_ssl=False, workers=1), wsgi=app,
-            alive=True, nr=0, max_requests=1 << 40, log=logging.getLogger("test-worker"))
-        def handle(client: Any, addr: Any) -> None:
-            RouterWorker.handle(worker, server.socket, client, addr)  # type: ignore[arg-type]
-
-        server: Any = StreamServer(("127.0.0.1", 0), handle)
-        server.start()
-        ready.put(server.server_port)
-        while not stop.is_set():
-            gevent.sleep(0.02)
-        server.stop(timeout=1)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield "127.0.0.1", ready.get(timeout=10)
-    finally:
-        stop.set()
-        thread.join(5)
-
-
-def _get(path: str = "/") -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
-
-
-def _stream_app(parts: Callable[[], Iterator[bytes]]) -> WSGIApp:
-    def app(environ: dict[str, Any], start_response: Any) -> Any:
-        start_response("200 OK", [("Content-Type", "text/event-stream")])
-        return parts()
-    return app
-
-
-def _raw_until_closed(sock: socket.socket) -> bytes:
-    data = b""
-    sock.settimeout(5)
-    while True:
-        try:
-            piece = sock.recv(65536)
-        except ConnectionResetError:
-            return data
-        if not piece:
-            return data
-        data += piece
-
-
-def test_accepted_connections_have_tcp_nodelay() -> None:
-    def app(environ: dict[str, Any], start_response: Any) -> Any:
-        sock = environ["gunicorn.socket"]
-        start_response("200 OK", [("Content-Type", "text/plain")])
-        return [b"%d" % bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))]
-
-    with serving(app) as address, socket.create_connection(address, timeout=5) as sock:
-        sock.sendall(_get())
-        assert Reader(sock).answer()[2] == b"1"
-
-
-@pytest.mark.parametrize("error", [StreamBroken("the engine went away"),
-                                   RuntimeError("a bug in the stream")])
-def test_a_stream_that_breaks_after_its_head_ends_without_the_terminator(
-        error: Exception, caplog: pytest.LogCaptureFixture) -> None:
-    def parts() -> Iterator[bytes]:
-        yield b"data: 1\n\n"
-        raise error
-
-    caplog.set_level(logging.WARNING)
-    with serving(_stream_app(parts)) as address, \
-            socket.create_connection(address, timeout=5) as sock:
-        sock.sendall(_get())
-        data = _raw_until_closed(sock)
-    assert data.startswith(b"HTTP/1.1 200 OK\r\n") and b"data: 1" in data
-    assert b"0\r\n\r\n" not in data
-    records = [r for r in caplog.records if "broke off" in r.getMessage()
-               or "failed while being sent" in r.getMessage()]
-    assert len(records) == 1
-    if isinstance(error, StreamBroken):        # expected on a network: no traceback
-        assert records[0].levelno == logging.WARNING and records[0].exc_info is None
-    else:
-        assert records[0].levelno == logging.ERROR and records[0].exc_info is not None
-
-
-class _Relayed:
-    """An answer body with the relay hook: sends head and pieces itself."""
-
-    def __init__(self, pieces: list[bytes], broken: bool = False) -> None:
-        self.pieces = pieces
-        self.broken = broken
-        self.calls: list[tuple[bytes, bool, float | None, int]] = []
-        self.closed = False
-
-    def relay(self, sock: Any, head: bytes, chunked: bool) -> None:
-        nodelay = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-        self.calls.append((head, chunked, sock.gettimeout(), nodelay))
-        out = head
-        for piece in self.pieces:
-            sock.sendall(out + (b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece))
-            out = b""
-        if self.broken:
-            raise StreamBroken("the engine's answer broke off")
-        if chunked:
-            sock.sendall(b"0\r\n\r\n")
-
-    def __iter__(self) -> Iterator[bytes]:
-        raise AssertionError("a relayed body is never iterated")
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def _relay_app(bodies: list[_Relayed]) -> WSGIApp:
-    def app(environ: dict[str, Any], start_response: Any) -> Any:
-        start_response("200 OK", [("Content-Type", "text/event-stream")])
-        return bodies.pop(0)
-    return app
-
-
-def test_a_relayed_answer_keeps_the_connection() -> None:
-    first, second = _Relayed([b"a", b"bc"]), _Relayed([b"d"])
-    with serving(_relay_app([first, second])) as address, \
-            socket.create_connection(address, timeout=5) as sock:
-        reader = Reader(sock)
-        sock.sendall(_get())
-        status, headers, body = reader.answer()
-        assert (status, headers["transfer-encoding"], body) == (200, "chunked", b"abc")
-        sock.sendall(_get())
-        assert reader.answer()[2] == b"d"
-    head, chunked, timeout, nodelay = first.calls[0]
-    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
-    assert b"Transfer-Encoding: chunked\r\n" in head and chunked
-    assert timeout is None and nodelay
-    assert first.closed and second.closed
-
-
-def test_a_relay_that_breaks_closes_without_the_terminator() -> None:
-    body = _Relayed([b"a"], broken=True)
-    with serving(_relay_app([body])) as address, \
-            socket.create_connection(address, timeout=5) as sock:
-        sock.sendall(_get())
-        data = _raw_until_closed(sock)
-    assert data.startswith(b"HTTP/1.1 200 OK\r\n") and data.endswith(b"1\r\na\r\n")
-    assert body.closed
-
-
-def test_a_head_request_is_never_relayed() -> None:
-    body, after = _Relayed([b"a"]), _Relayed([b"b"])
-    with serving(_relay_app([body, after])) as address, \
-            socket.create_connection(address, timeout=5) as sock:
-        reader = Reader(sock)
-        sock.sendall(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert reader.answer(head_only=True)[0] == 200
-        sock.sendall(_get())             # no body followed the HEAD's answer
-        assert reader.answer()[2] == b"b"
-    assert body.calls == [] and body.closed
