@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llmgw_runtime.catalog import ModelSpec, Profile  # noqa: E402
+from llmgw_runtime.api.catalog import ModelSpec, Profile  # noqa: E402
 from llmgw_runtime.placement import (  # noqa: E402
     DeviceView,
     ModelView,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_runtime import catalog
+from llmgw_runtime.catalog import parse as catalog
 from llmgw_runtime.errors import CatalogError
 
 
@@ -362,8 +362,9 @@ def test_no_message_prints_a_raw_placeholder(bad: dict[str, object]) -> None:
 
 def test_no_plain_string_in_the_catalog_code_holds_a_placeholder() -> None:
     """A ``{name!r}`` in a string that is not an f-string prints as written."""
-    root = Path(catalog.__file__).parent
-    files = [root / "catalog.py", root / "catalog_bounds.py", *(root / "engines").glob("*.py")]
+    root = Path(catalog.__file__).parent.parent
+    files = [*(root / "catalog").glob("*.py"), root / "api" / "catalog.py",
+             *(root / "engines").glob("*.py")]
     found = []
     for path in files:
         tree = ast.parse(path.read_text())

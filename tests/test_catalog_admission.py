@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_runtime import catalog
+from llmgw_runtime.catalog import parse as catalog
 from tests.test_catalog import entry, problems
 
 

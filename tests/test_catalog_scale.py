@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from llmgw_runtime import catalog
-from llmgw_runtime.catalog_scale import Autoscale, replica_range, scales
+from llmgw_runtime.api.catalog import Autoscale
+from llmgw_runtime.catalog import parse as catalog
+from llmgw_runtime.catalog.scale import replica_range, scales
+from llmgw_runtime.store.models import row_to_spec
 from tests.test_catalog import entry, problems
 
 
@@ -46,7 +48,7 @@ def test_autoscale_settings_are_kept_and_durations_read() -> None:
                           "down_after_s": 600, "cooldown_s": "90s"})
     assert got.autoscale == Autoscale(wait_target_s=5.0, up_after_s=120.0, busy_below=0.25,
                                       down_after_s=600.0, cooldown_s=90.0)
-    again = catalog.spec_from_row(_row(got))
+    again = row_to_spec(_row(got))
     assert again.autoscale == got.autoscale and again.replicas_max == 4
 
 
@@ -123,9 +125,9 @@ def test_every_autoscale_problem_is_reported_at_once() -> None:
 
 
 def _row(s: catalog.ModelSpec) -> Any:
-    """The store's row of a spec (repo._model_values), as spec_from_row reads it."""
+    """The store's row of a spec (store/models.py spec_to_row), as row_to_spec reads it."""
     from types import SimpleNamespace
 
-    from llmgw_runtime.store.repo import _model_values
+    from llmgw_runtime.store.models import spec_to_row
 
-    return SimpleNamespace(name=s.name, **_model_values(s))
+    return SimpleNamespace(name=s.name, **spec_to_row(s))

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from llmgw_runtime import catalog
+from llmgw_runtime.catalog import parse as catalog
 from llmgw_runtime.cli.main import cli
 from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.bootstrap import bootstrap

@@ -7,13 +7,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from .agent import CardReport, DeviceReport
+from .catalog import Autoscale, ModelSpec
 from .fields import (
     MAX_LIST,
     Answer,
     Bool,
     Count,
     Finite,
-    Line,
     Message,
     Name,
     Pid,
@@ -92,25 +92,6 @@ class Deleted(Answer):
     deleted: str
 
 
-class Profile(Answer):
-    klass: Line = Field(alias="class")
-    gpus: SmallCount
-    tp: SmallCount
-    pp: SmallCount
-    nodes: SmallCount
-    memory_gb: Finite | None = None
-
-
-class AutoscaleSettings(Answer):
-    """A model's ``autoscale`` settings (catalog_scale.Autoscale; docs/autoscaling.md)."""
-
-    wait_target_s: Finite
-    up_after_s: Finite
-    busy_below: Finite
-    down_after_s: Finite
-    cooldown_s: Finite
-
-
 class ScaleSignal(Answer):
     """What the routers reported of a scaled model, summed over routers."""
 
@@ -130,23 +111,19 @@ class Scaling(Answer):
     min: SmallCount
     max: SmallCount
     signal: ScaleSignal
-    settings: AutoscaleSettings
+    settings: Autoscale
     up_for_s: Finite | None = None
     down_for_s: Finite | None = None
     blocked: Text | None = None
     note: Text
 
 
-class Model(Answer):
-    name: str
-    source: str
-    engine: Literal["llama.cpp", "vllm"]
-    profile: Profile
-    replicas: SmallCount
-    on_demand: Bool
-    idle_stop_after_s: Finite | None = None
-    args: list[str]
-    definition_hash: str
+class Model(ModelSpec):
+    """A model as the admin API shows it: its catalog entry (every field of api/catalog.py's
+    ``ModelSpec``, defaults filled in; its ``definition_hash`` is computed from them) and
+    the fleet's state of it."""
+
+    model_config = Answer.model_config
     parked: Bool
     consecutive_failures: SmallCount
     last_error: str | None = None
@@ -155,22 +132,11 @@ class Model(Answer):
     placement_reason: str | None = None
     created: Finite
     updated: Finite
-    strategy: Literal["binpack", "spread"]
-    sha256: str | None = None
-    size_bytes: Count | None = None
-    routing: Literal["prefix-affinity", "least-outstanding"] = "prefix-affinity"
-    slots: SmallCount | None = None
-    max_queue: Count = 100
-    max_wait_s: Finite = 30.0
     capacity_at: Finite | None = None
     state: Annotated[ModelState, Field(strict=False)]
     reason: str | None = None
     ready: SmallCount
     wanted: SmallCount
-    aliases: list[Name] = Field(default_factory=list, max_length=MAX_LIST)
-    fallback: list[Name] = Field(default_factory=list, max_length=MAX_LIST)
-    replicas_max: SmallCount | None = None      # None: a fixed number of replicas
-    autoscale: AutoscaleSettings | None = None
     scale_target: SmallCount | None = None
     scaling: Scaling | None = None               # None: a fixed number of replicas
 

@@ -6,6 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
+from ..catalog.bounds import MAX_QUEUE_PER_MODEL as MAX_QUEUE
+from ..catalog.bounds import MAX_SLOTS_PER_REPLICA as MAX_SLOTS
+from .catalog import Engine, RouteFields
 from .fields import (
     MAX_LIST,
     Answer,
@@ -20,17 +23,11 @@ from .fields import (
 from .states import Activation, ModelState
 
 MAX_ROUTED_MODELS = 10_000
-MAX_ALIASES = 16          # catalog_bounds.MAX_ALIASES
-MAX_FALLBACKS = 8         # catalog_bounds.MAX_FALLBACKS
 MAX_KEYS = 100_000
 Url = Annotated[str, Field(max_length=300, pattern=r"^https?://[A-Za-z0-9._:\[\]-]+(:\d+)?/?$")]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-MAX_SLOTS = 4096          # requests one replica serves at once
-MAX_QUEUE = 100_000       # requests waiting per model in one router
 Slots = Annotated[int, Field(strict=True, ge=1, le=MAX_SLOTS)]
-Routing = Literal["prefix-affinity", "least-outstanding"]
 KeyPriority = Literal["high", "normal", "low"]
-WaitSeconds = Annotated[float, Field(allow_inf_nan=False, gt=0, le=3600)]
 ExpiresIn = Annotated[float, Field(allow_inf_nan=False, ge=-1e10, le=1e10)]
 # An API key's limits (docs/keys.md): requests and tokens per minute, over all its models.
 MAX_RPM = 1_000_000
@@ -47,32 +44,24 @@ class Endpoint(Answer):
     slots: Slots | None = None
 
 
-class RouteModel(Answer):
-    name: Name
+class RouteModel(RouteFields):
+    """One model of the routes table: its catalog settings the routers use (name,
+    on_demand, routing, max_queue, max_wait_s, aliases, fallback, max_tokens: defined once
+    in api/catalog.py ``RouteFields``), its state and its ready endpoints."""
+
+    model_config = Answer.model_config
     state: Annotated[ModelState, Field(strict=False)]
     reason: Text | None = None
-    on_demand: Bool = False
-    endpoints: list[Endpoint] = Field(default_factory=list, max_length=MAX_LIST)
+    endpoints: tuple[Endpoint, ...] = Field(default=(), max_length=MAX_LIST, strict=False)
     # The current start streak, for an honest refusal while nothing is ready: failed starts
     # in a row (0: none, or the model is starting for the first time), the last error, and
     # the seconds until the next start may begin (0: it may begin now).
     failures: SmallCount = 0
     last_error: Text | None = None
     retry_after_s: NonNegative | None = None
-    # How requests are admitted and routed (the catalog's settings, docs/routing.md):
-    # requests wait in the router for a free slot, at most max_queue of them for at most
-    # max_wait_s seconds each; routing picks among replicas with a free slot.
-    routing: Routing = "prefix-affinity"
-    max_queue: Annotated[int, Field(strict=True, ge=0, le=MAX_QUEUE)] = 100
-    max_wait_s: WaitSeconds = 30.0
-    # Other names clients may use for it (the catalog's aliases); each names one model.
-    aliases: list[Name] = Field(default_factory=list, max_length=MAX_ALIASES)
-    # Models its requests go to, in order, when it is parked, unplaceable or at capacity
-    # (one step: their own fallbacks are not followed).
-    fallback: list[Name] = Field(default_factory=list, max_length=MAX_FALLBACKS)
-    # The engine that serves it (catalog.ENGINES), named in the router's errors about paths
-    # the engine does not serve; None from a control service older than the field.
-    engine: Name | None = None
+    # The engine that serves it, named in the router's errors about paths the engine does
+    # not serve; None from a control service older than the field.
+    engine: Engine | None = None
 
 
 class KeyLimits(Answer):

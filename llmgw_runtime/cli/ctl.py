@@ -13,7 +13,7 @@ from urllib.parse import quote
 import click
 
 from ..api import admin as messages
-from ..catalog import parse_duration
+from ..catalog.spec import parse_duration
 from ..status.render import human_bytes, render
 from ..status.summary import device_label, location
 from ..status.telling import telling_line

@@ -16,7 +16,7 @@ import click
 
 from ..api import admin as messages
 from ..api.router import MAX_RPM, MAX_TPM
-from ..catalog import parse_duration
+from ..catalog.spec import parse_duration
 from ..status.render import largest_unit
 from .ctl import client, part, say, show
 from .output import ago, output_option

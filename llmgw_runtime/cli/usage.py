@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 import click
 
 from ..api import usage as messages
-from ..catalog import parse_duration
+from ..catalog.spec import parse_duration
 from .ctl import client, show
 from .output import output_option
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
 
-from .. import catalog
+from ..catalog import parse as catalog
 from ..errors import ConflictError, NotFoundError, ValidationError
 from ..placement.model import heard_from
 from ..store import repo

@@ -27,10 +27,11 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ..api.catalog import Autoscale
 from ..api.states import ReplicaState
-from ..catalog import autoscale_from_text, spec_from_row
-from ..catalog_scale import Autoscale, active_floor, replica_range
+from ..catalog.scale import active_floor, replica_range
 from ..engines.slots import slots_of
+from ..store.models import row_to_spec
 from .capacity import LOAD_WINDOW_S, Load, load_of
 
 EVENT = "autoscale"
@@ -168,13 +169,13 @@ class Scaled:
 def scaled(row: Any) -> Scaled | None:
     """The scaling of a models row (a row or anything with its fields); None when its
     replicas are fixed."""
-    settings = autoscale_from_text(getattr(row, "autoscale", None))
+    spec = row_to_spec(row)
+    settings = spec.autoscale
     if settings is None:
         return None
-    maximum = getattr(row, "replicas_max", None)
-    on_demand = bool(row.on_demand)
-    floor = active_floor(row.replicas, on_demand)
-    low, high = replica_range(row.replicas, maximum, on_demand)
+    on_demand = spec.on_demand
+    floor = active_floor(spec.replicas, on_demand)
+    low, high = replica_range(spec.replicas, spec.replicas_max, on_demand)
     if high <= floor:
         return None
     wanted = not row.parked and (not on_demand or row.activated_at is not None)
@@ -183,7 +184,7 @@ def scaled(row: Any) -> Scaled | None:
 
 def ready_slots(row: Any, replicas: list[Any]) -> int | None:
     """Slots of the model's ready replicas (None: the engine's slots are unknown)."""
-    per = slots_of(spec_from_row(row))
+    per = slots_of(row_to_spec(row))
     ready = sum(1 for r in replicas if r.desired and r.state == ReplicaState.READY)
     return None if per is None else per * ready
 

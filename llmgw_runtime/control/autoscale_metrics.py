@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..catalog_scale import replica_range
+from ..catalog.scale import replica_range
 from . import autoscale
 
 _SIGNAL = (

@@ -23,13 +23,14 @@ from flask import (
 )
 from werkzeug.exceptions import HTTPException
 
+from .. import throttle
 from ..errors import LlmgwError, StoreError
 from ..status import render
 from ..status.summary import at_capacity, device_label, location, node_alive
 from ..status.telling import telling_line
 from ..store import repo
 from . import console_auth as auth
-from . import fleet, throttle, usage
+from . import fleet, usage
 from .web import clock, fleet_settings, now_of, store, store_health
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,10 @@ from urllib.parse import urlencode, urlsplit
 
 from flask import Response, current_app, g, redirect, request
 
+from .. import throttle
 from ..errors import ForbiddenError
 from ..security import hash_token
 from ..store import accounts, sessions
-from . import throttle
 from .web import clock, store
 
 log = logging.getLogger(__name__)

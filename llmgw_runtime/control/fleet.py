@@ -15,12 +15,13 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from ..catalog import ModelSpec, spec_from_row
-from ..catalog_names import fallback_problems, name_clashes
+from ..api.catalog import ModelSpec
+from ..catalog.names import fallback_problems, name_clashes
 from ..errors import CatalogError, NotFoundError
 from ..placement import place
 from ..status import summary as status_summary
 from ..store import repo
+from ..store.models import row_to_spec
 from . import autoscale, snapshot
 from .decide import Changes, Fleet, Settings, decide, new_definition, unpark_values
 from .states import model_state, start_streak
@@ -139,7 +140,7 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
     named = {s.name for s in specs}
     # the models that stay (no --prune) must not share a name with the new ones, and
     # fallbacks may name them
-    staying = {} if prune else {m.name: spec_from_row(m).aliases for m in rows
+    staying = {} if prune else {m.name: row_to_spec(m).aliases for m in rows
                                 if m.name not in named}
     clashes = name_clashes(specs, staying) + fallback_problems(specs, staying)
     if clashes:

@@ -8,13 +8,14 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
 
+from ..api.catalog import ROUTE_FIELDS
 from ..api.fields import clean
 from ..api.parse import parse_json
 from ..api.router import ActivateRequest, IdleMap, Unreachable
 from ..api.states import ReplicaState
-from ..catalog import spec_from_row
 from ..engines.slots import slots_of
 from ..store import accounts, repo
+from ..store.models import row_to_spec
 from . import capacity, fleet
 from .identity import url_host
 from .states import model_state, start_streak
@@ -41,7 +42,8 @@ def routes() -> Any:
         reps = by_model.get(model.name, [])
         state = model_state(model, reps, now)
         endpoints = []
-        slots = slots_of(spec_from_row(model))
+        spec = row_to_spec(model)
+        slots = slots_of(spec)
         for rep in reps:
             node = nodes.get(rep.node)
             if rep.desired and rep.state == ReplicaState.READY and rep.port and node \
@@ -58,14 +60,9 @@ def routes() -> Any:
             if unreachable:
                 reason = (f"replica {unreachable[0].id} on {unreachable[0].node}: "
                           f"{unreachable[0].last_error}; waiting for its agent's next report")
-        out.append({"name": model.name, "state": state.state, "reason": clean(reason),
-                    "on_demand": bool(model.on_demand), "endpoints": endpoints,
-                    "routing": model.routing, "max_queue": model.max_queue,
-                    "max_wait_s": model.max_wait_s,
-                    "aliases": json.loads(model.aliases) if model.aliases else [],
-                    "fallback": json.loads(model.fallback) if model.fallback else [],
-                    "engine": model.engine,
-                    **clean(start_streak(model, now, backoff))})
+        out.append({**spec.model_dump(mode="json", include=set(ROUTE_FIELDS)),
+                    "state": state.state, "reason": clean(reason), "endpoints": endpoints,
+                    "engine": spec.engine, **clean(start_streak(model, now, backoff))})
     return jsonify({"models": out, "api_key_hashes": [k.token_hash for k in keys],
                     "key_priorities": {k.token_hash: k.priority for k in keys
                                        if k.priority != "normal"},

@@ -6,8 +6,8 @@ import functools
 import json
 from typing import Any
 
-from ..catalog import spec_from_row
 from ..placement import DeviceView, ModelView, NodeView, PartView, ReplicaView, Snapshot
+from ..store.models import row_to_spec
 from ..weights.scan import held_sources
 from .states import in_backoff, wanted_replicas
 
@@ -70,7 +70,7 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
     for rep in replicas:
         by_model.setdefault(rep.model, []).append(rep)
     model_views = tuple(
-        ModelView(spec=spec_from_row(m),
+        ModelView(spec=row_to_spec(m),
                   wanted=wanted_replicas(m, by_model.get(m.name, []), now),
                   parked=bool(m.parked),
                   hold_starts=in_backoff(m.consecutive_failures, m.last_failure_at, now,

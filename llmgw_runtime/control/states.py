@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.states import ReplicaState
-from ..catalog_scale import active_floor, replica_range
+from ..catalog.scale import active_floor, replica_range
 
 PARK_AFTER = 5                 # start failures in a row
 BACKOFF_BASE_S = 5.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.usage import NO_KEY, UsageReport
-from ..catalog import parse_duration
+from ..catalog.spec import parse_duration
 from ..errors import ValidationError
 from ..store import usage
 from ..store.usage import BY, Used

@@ -121,11 +121,11 @@ def require(*kinds: str, in_transaction: bool = False) -> Callable[[F], F]:
 
 def _presented(kinds: tuple[str, ...]) -> str:
     """The request's bearer token (kept as ``g.token``, its hash as ``g.token_hash``), unless
-    its address is refused for repeated wrong tokens (control/throttle.py; per worker process, by TCP peer address:
+    its address is refused for repeated wrong tokens (throttle.py; per worker process, by TCP peer address:
     before any check)."""
     from flask import after_this_request
 
-    from .throttle import TooManyFailures, of, retry_after
+    from ..throttle import TooManyFailures, of, retry_after
 
     guesses, address = of(current_app.extensions), request.remote_addr or "-"
     wait = guesses.wait_s(address, clock())
@@ -154,7 +154,7 @@ def authenticate(conn: Any) -> None:
     lookup, node credentials say what they are (llmgw-node-...). Sets ``g.principal_kind``,
     ``g.principal`` and, for a node, ``g.node_row`` (the node as stored before this request:
     ``repo.node_by_credential``)."""
-    from .throttle import of
+    from ..throttle import of
 
     kinds: tuple[str, ...] = g.required
     token_hash: str = g.token_hash

@@ -17,7 +17,7 @@ import math
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 
-from ..catalog import ModelSpec
+from ..api.catalog import ModelSpec
 from .model import (
     ACTIVE,
     CPU_CLASS,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..api.catalog import ModelSpec
 from ..api.states import LIVE_REPLICA_STATES, ReplicaState
-from ..catalog import ModelSpec
 
 ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from ..catalog import ModelSpec, is_mig_class
-from ..catalog_bounds import MAX_REPLICAS
+from ..api.catalog import ModelSpec, is_mig_class
+from ..catalog.bounds import MAX_REPLICAS
 from .capacity import Capacity, Choice, NodeState, Request, replica_nodes, silence
 from .model import (
     ACTIVE,

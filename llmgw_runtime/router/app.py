@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 from flask import Blueprint, Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from ..control.throttle import retry_after
 from ..settings import load
+from ..throttle import retry_after
 from .body import _too_large
 from .config import RouterConfig
 from .errors import (

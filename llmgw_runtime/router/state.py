@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..api.states import ModelState
-from ..control.throttle import ROUTER, Throttle, retry_after
 from ..security import bearer, hash_token
+from ..throttle import ROUTER, Throttle, retry_after
 from .admission.affinity import prefix_key
 from .admission.gate import Gate, Lease
 from .admission.gone import client_gone
@@ -109,7 +109,7 @@ class RouterState:
         """The request's API key (``Authorization: Bearer``, or ``X-Api-Key`` as Anthropic's
         clients send it) must be one of the table's; an address that sent many
         wrong keys is refused (429, Retry-After) for a growing while before any check
-        (control/throttle.py: per worker process, by TCP peer address, not
+        (throttle.py: per worker process, by TCP peer address, not
         X-Forwarded-For)."""
         environ[KEY_ID] = "-"
         if not self.config.require_api_key:

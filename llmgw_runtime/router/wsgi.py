@@ -20,7 +20,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from ..api.jsonlimits import JsonTooDeep, loads_bounded
-from ..control.throttle import retry_after
+from ..throttle import retry_after
 from .body import _too_large, content_length, read_body
 from .errors import (
     InvalidJson,

@@ -11,49 +11,26 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from ..catalog import ModelSpec
+from ..api.catalog import ModelSpec
 from .db import fleet_changed, generation
+from .models import row_to_spec, spec_to_row
 from .schema import events, leases, models, nodes, replica_parts, replicas
 
 # ---------------------------------------------------------------- models
 
 
 def model_to_dict(row: Any) -> dict[str, Any]:
-    return {
-        "name": row.name, "source": row.source, "engine": row.engine,
-        "profile": json.loads(row.profile), "replicas": row.replicas,
-        "on_demand": bool(row.on_demand), "idle_stop_after_s": row.idle_stop_after_s,
-        "args": json.loads(row.args), "definition_hash": row.definition_hash,
-        "parked": bool(row.parked), "consecutive_failures": row.consecutive_failures,
-        "last_error": row.last_error, "last_failure_at": row.last_failure_at,
-        "activated_at": row.activated_at, "placement_reason": row.placement_reason,
-        "created": row.created, "updated": row.updated, "strategy": row.strategy,
-        "sha256": row.sha256, "size_bytes": row.size_bytes,
-        "routing": row.routing, "slots": row.slots, "max_queue": row.max_queue,
-        "max_wait_s": row.max_wait_s, "capacity_at": row.capacity_at,
-        "aliases": json.loads(row.aliases) if row.aliases else [],
-        "fallback": json.loads(row.fallback) if row.fallback else [],
-        "capacity": json.loads(row.capacity) if row.capacity else None,
-        "replicas_max": row.replicas_max,
-        "autoscale": json.loads(row.autoscale) if row.autoscale else None,
-        "scale_target": row.scale_target,
-    }
-
-
-def _model_values(spec: ModelSpec) -> dict[str, Any]:
-    return {"source": spec.source, "engine": spec.engine,
-            "profile": json.dumps(spec.profile.to_dict(), sort_keys=True),
-            "replicas": spec.replicas, "on_demand": int(spec.on_demand),
-            "idle_stop_after_s": spec.idle_stop_after_s, "args": json.dumps(list(spec.args)),
-            "definition_hash": spec.definition_hash, "strategy": spec.strategy,
-            "sha256": spec.sha256, "size_bytes": spec.size_bytes,
-            "routing": spec.routing, "slots": spec.slots, "max_queue": spec.max_queue,
-            "max_wait_s": spec.max_wait_s,
-            "aliases": json.dumps(list(spec.aliases)) if spec.aliases else None,
-            "fallback": json.dumps(list(spec.fallback)) if spec.fallback else None,
-            "replicas_max": spec.replicas_max,
-            "autoscale": (json.dumps(spec.autoscale.to_dict(), sort_keys=True)
-                          if spec.autoscale else None)}
+    """A ``models`` row as the admin API shows it: its spec (store/models.py) and the
+    fleet's state of it."""
+    spec = row_to_spec(row)
+    return {**spec.model_dump(mode="json", by_alias=True), "profile": spec.profile.to_dict(),
+            "definition_hash": row.definition_hash, "parked": bool(row.parked),
+            "consecutive_failures": row.consecutive_failures, "last_error": row.last_error,
+            "last_failure_at": row.last_failure_at, "activated_at": row.activated_at,
+            "placement_reason": row.placement_reason, "created": row.created,
+            "updated": row.updated, "capacity_at": row.capacity_at,
+            "capacity": json.loads(row.capacity) if row.capacity else None,
+            "scale_target": row.scale_target}
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
@@ -63,7 +40,7 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
     existing = {r.name: r for r in conn.execute(sa.select(models))}
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "deleted": []}
     for spec in specs:
-        values = _model_values(spec)
+        values = spec_to_row(spec)
         row = existing.get(spec.name)
         if row is None:
             conn.execute(models.insert().values(
@@ -71,7 +48,7 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                 **values))
             result["created"].append(spec.name)
             continue
-        if all(getattr(row, k) == v for k, v in values.items()):
+        if row_to_spec(row) == spec:
             result["unchanged"].append(spec.name)
             continue
         conn.execute(models.update().where(models.c.name == spec.name)

@@ -42,7 +42,7 @@ models = Table(
            server_default="binpack"),
     Column("sha256", String(64), nullable=True),
     Column("size_bytes", BigInteger, nullable=True),
-    # revision 0008: admission and routing (catalog.py; NULL slots: from the args or the
+    # revision 0008: admission and routing (api/catalog.py; NULL slots: from the args or the
     # engine's default), and the last report of a router that found it at capacity
     Column("routing", String(20), nullable=False, default="prefix-affinity",
            server_default="prefix-affinity"),
@@ -64,6 +64,9 @@ models = Table(
     Column("load", Text, nullable=True),
     Column("scale_target", Integer, nullable=True),
     Column("scale_state", Text, nullable=True),
+    # revision 0014: the tokens one answer may generate (JSON {default, max, clamp}; NULL:
+    # no cap). A catalog field's column holds what store/models.py writes of it.
+    Column("max_tokens", Text, nullable=True),
 )
 
 nodes = Table(

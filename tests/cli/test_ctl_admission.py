@@ -37,7 +37,7 @@ def test_ctl_keys_refuse_an_unknown_priority_before_asking(control: str) -> None
 
 
 def test_ctl_status_shows_a_model_at_capacity(control: str, store: Store) -> None:  # noqa: F811
-    from llmgw_runtime import catalog
+    from llmgw_runtime.catalog import parse as catalog
     from llmgw_runtime.control import fleet
 
     with store.begin() as conn:

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from llmgw_runtime import catalog
-from llmgw_runtime.catalog_scale import AUTOSCALE_FIELDS, Autoscale
+from llmgw_runtime.api.catalog import Autoscale
+from llmgw_runtime.catalog import parse as catalog
+from llmgw_runtime.catalog.scale import AUTOSCALE_FIELDS
 from llmgw_runtime.control import fleet
 from llmgw_runtime.errors import CatalogError
 from llmgw_runtime.store import Store

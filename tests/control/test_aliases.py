@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_runtime import catalog
 from llmgw_runtime.api.router import Routes
+from llmgw_runtime.catalog import parse as catalog
 from llmgw_runtime.errors import CatalogError
 
 from .conftest import ROUTER, Api
@@ -24,7 +24,7 @@ def test_aliases_are_parsed_kept_and_carried_to_routers(api: Api) -> None:
     assert api.call("PUT", "/api/v1/catalog", data=text).json["created"] == ["chat", "embed"]
     routes = Routes.model_validate(api.call("GET", "/api/v1/routes", token=ROUTER).json)
     assert {m.name: m.aliases for m in routes.models} == {
-        "chat": ["gpt-4o-mini", "assistant"], "embed": []}
+        "chat": ("gpt-4o-mini", "assistant"), "embed": ()}
     # a change of aliases is an update, not a new definition; the same again is nothing
     changed = api.call("PUT", "/api/v1/catalog", data=cat(("chat", ", aliases: [assistant]"),
                                                           ("embed", ""))).json

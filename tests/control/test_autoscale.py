@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_runtime.catalog_scale import Autoscale
+from llmgw_runtime.api.catalog import Autoscale
 from llmgw_runtime.control import autoscale
 from llmgw_runtime.control.autoscale import ScaleState, Step, step, unplaceable_step
 from llmgw_runtime.control.capacity import Load

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from llmgw_runtime.api.catalog import ModelSpec, Profile
 from llmgw_runtime.control.decide import (
     Fleet,
     Settings,
@@ -22,6 +23,7 @@ from llmgw_runtime.control.decide import (
     unpark_values,
 )
 from llmgw_runtime.control.states import backoff_s
+from llmgw_runtime.store.models import spec_to_row
 
 NOW = 10_000.0
 CPU = {"id": 0, "uuid": "cpu", "class": "cpu", "memory_total_mb": 64000,
@@ -29,12 +31,14 @@ CPU = {"id": 0, "uuid": "cpu", "class": "cpu", "memory_total_mb": 64000,
 
 
 def model(name: str = "m", **kw: Any) -> SimpleNamespace:
-    row = dict(name=name, source=f"/m/{name}.gguf", engine="llama.cpp",
-               profile=json.dumps({"class": "cpu"}), replicas=1, on_demand=0,
-               idle_stop_after_s=None, args="[]", strategy="binpack", sha256=None,
-               size_bytes=None, parked=0, consecutive_failures=0, last_failure_at=None,
-               activated_at=None, placement_reason=None, last_error=None,
-               definition_hash="h1")
+    """A ``models`` row: a default spec as the store writes it (store/models.py), then
+    the fleet's state of it, then ``kw``."""
+    spec = ModelSpec(name=name, source=f"/m/{name}.gguf", engine="llama.cpp",
+                     profile=Profile.model_validate({"class": "cpu"}))
+    row = dict(name=name, **spec_to_row(spec), parked=0, consecutive_failures=0,
+               last_failure_at=None, activated_at=None, placement_reason=None,
+               last_error=None)
+    row["definition_hash"] = "h1"
     row.update(kw)
     return SimpleNamespace(**row)
 

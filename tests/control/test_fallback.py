@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_runtime import catalog
 from llmgw_runtime.api.router import Routes
+from llmgw_runtime.catalog import parse as catalog
 from llmgw_runtime.errors import CatalogError
 
 from .conftest import ROUTER, Api
@@ -18,7 +18,7 @@ def test_fallbacks_are_kept_and_carried_to_routers(api: Api) -> None:
     assert [s.fallback for s in catalog.parse(text)] == [("small",), ()]
     assert api.call("PUT", "/api/v1/catalog", data=text).status_code == 200
     routes = Routes.model_validate(api.call("GET", "/api/v1/routes", token=ROUTER).json)
-    assert {m.name: m.fallback for m in routes.models} == {"big": ["small"], "small": []}
+    assert {m.name: m.fallback for m in routes.models} == {"big": ("small",), "small": ()}
     # a later catalog (no --prune) may fall back to a model the store keeps
     more = api.call("PUT", "/api/v1/catalog", data=cat(("huge", ", fallback: [small]")))
     assert more.status_code == 200 and more.json["created"] == ["huge"]

@@ -254,7 +254,7 @@ def test_vllm_refuses_args_that_set_what_the_agent_owns(args: list[str]) -> None
 
 
 def test_the_agent_and_the_catalog_word_an_owned_flag_alike() -> None:
-    from llmgw_runtime import catalog
+    from llmgw_runtime.catalog import parse as catalog
     from llmgw_runtime.errors import CatalogError
 
     with pytest.raises(CatalogError) as from_catalog:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_runtime import catalog
+from llmgw_runtime.catalog import parse as catalog
 from llmgw_runtime.engines import LAUNCHER_MODULE, LlamaCppDriver, VllmDriver
 from llmgw_runtime.engines.slots import (
     LLAMA_SERVER_DEFAULT_SLOTS,
@@ -20,8 +20,10 @@ from llmgw_runtime.engines.slots import (
 
 def spec(engine: str = "llama.cpp", klass: str = "cpu", args: tuple[str, ...] = (),
          slots: int | None = None) -> catalog.ModelSpec:
-    return catalog.ModelSpec(name="m", source="/m.gguf", engine=engine,
-                             profile=catalog.Profile(klass=klass), args=args, slots=slots)
+    # built without validation: an engine llmgw does not know is one case
+    return catalog.ModelSpec.model_construct(
+        name="m", source="/m.gguf", engine=engine, args=args, slots=slots,
+        profile=catalog.Profile.model_validate({"class": klass}))
 
 
 @pytest.mark.parametrize(("engine", "klass", "args", "slots", "expected"), [
@@ -94,5 +96,5 @@ def test_slots_survive_the_store_round_trip_and_change_the_definition() -> None:
     assert plain.definition_hash != sized.definition_hash
     # a catalog without the new settings keeps the definition it had before they existed
     old = catalog.ModelSpec(name="m", source="/m.gguf", engine="llama.cpp",
-                            profile=catalog.Profile(klass="cpu"))
+                            profile=catalog.Profile.model_validate({"class": "cpu"}))
     assert plain.definition_hash == old.definition_hash

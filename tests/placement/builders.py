@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from llmgw_runtime.catalog import ModelSpec, Profile
+from llmgw_runtime.api.catalog import ModelSpec, Profile
 from llmgw_runtime.placement import (
     DeviceView,
     ModelView,

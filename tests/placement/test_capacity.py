@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_runtime.catalog import ModelSpec
+from llmgw_runtime.api.catalog import ModelSpec
 from llmgw_runtime.placement import Plan, place
 from llmgw_runtime.placement.capacity import Capacity, Choice, Request
 from llmgw_runtime.placement.model import Snapshot

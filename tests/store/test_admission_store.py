@@ -10,9 +10,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from llmgw_runtime import catalog
+from llmgw_runtime.catalog import parse as catalog
 from llmgw_runtime.store import Store, accounts, repo
 from llmgw_runtime.store.db import MIGRATIONS
+from llmgw_runtime.store.models import row_to_spec
 
 CAT = """models:
   - {name: a, source: /a.gguf, engine: llama.cpp, profile: {class: cpu}, slots: 4,
@@ -54,7 +55,7 @@ def test_a_store_at_0007_keeps_its_rows_with_the_defaults(store_url: str) -> Non
         with store.begin() as conn:
             row = repo.get_model(conn, "old")
             assert row is not None
-            spec = catalog.spec_from_row(row)
+            spec = row_to_spec(row)
             [key] = accounts.accounts_of_kind(conn, "api_key")
         assert (row.routing, row.slots, row.max_queue, row.max_wait_s) == (
             "prefix-affinity", None, 100, 30.0)
@@ -73,7 +74,7 @@ def test_a_store_at_0007_keeps_its_rows_with_the_defaults(store_url: str) -> Non
 def test_admission_settings_round_trip_and_a_change_is_an_update(store: Store) -> None:
     with store.begin() as conn:
         repo.apply_catalog(conn, catalog.parse(CAT), 1.0)
-        a = catalog.spec_from_row(repo.get_model(conn, "a"))
+        a = row_to_spec(repo.get_model(conn, "a"))
         again = repo.apply_catalog(conn, catalog.parse(CAT), 2.0)
         changed = repo.apply_catalog(conn, catalog.parse(CAT.replace("max_queue: 0",
                                                                      "max_queue: 5")), 3.0)

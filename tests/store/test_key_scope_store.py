@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from llmgw_runtime.store import Store, accounts, repo
+from llmgw_runtime.store.models import row_to_spec
 
 from .test_admission_store import alembic, head
 
@@ -37,7 +38,7 @@ def test_a_store_at_0008_keeps_its_keys_unscoped_and_unexpiring(store_url: str) 
 
 
 def test_a_models_aliases_and_fallbacks_round_trip_and_downgrade(store_url: str) -> None:
-    from llmgw_runtime import catalog
+    from llmgw_runtime.catalog import parse as catalog
 
     store = Store(store_url)
     try:
@@ -49,9 +50,9 @@ def test_a_models_aliases_and_fallbacks_round_trip_and_downgrade(store_url: str)
                 "  - {name: chat2, source: /c.gguf, engine: llama.cpp, profile: {class: cpu}}\n"),
                 1.0)
             row = repo.get_model(conn, "chat")
-            assert catalog.spec_from_row(row).aliases == ("gpt-4o-mini",)
+            assert row_to_spec(row).aliases == ("gpt-4o-mini",)
             assert repo.model_to_dict(row)["aliases"] == ["gpt-4o-mini"]
-            assert catalog.spec_from_row(row).fallback == ("chat2",)
+            assert row_to_spec(row).fallback == ("chat2",)
         alembic(store, "downgrade", "0009")
         with store.engine.connect() as conn:
             model_columns = {c["name"] for c in sa.inspect(conn).get_columns("models")}

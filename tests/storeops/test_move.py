@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from llmgw_runtime import catalog
+from llmgw_runtime.catalog import parse as catalog
 from llmgw_runtime.store import Store, accounts, repo
 from llmgw_runtime.store.schema import events
 from llmgw_runtime.storeops.move import (

@@ -1,6 +1,6 @@
 """A catalog entry's names for clients: its aliases, its fallback models, and the rule
 that ties them to the rest of the fleet (an alias names one model only; a fallback names
-a model of the fleet). catalog.py parses entries with these."""
+a model of the fleet). catalog/parse.py parses entries with these."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .catalog_bounds import MAX_ALIASES, MAX_FALLBACKS, MAX_NAME_CHARS, brief, brief_text
+from ..api.catalog import MODEL_NAME_RE
+from .bounds import MAX_ALIASES, MAX_FALLBACKS, MAX_NAME_CHARS, brief, brief_text
 
 if TYPE_CHECKING:
-    from .catalog import ModelSpec
+    from ..api.catalog import ModelSpec
 
 # What a client can put in "model" and the router can route: no spaces, no leading slash.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*(/[A-Za-z0-9._:@+-]+)*$")
+NAME_RE = re.compile(MODEL_NAME_RE)
 
 
 def _names(problems: list[str], who: str, raw: Any, name: Any, *, field: str, one: str,

@@ -3,8 +3,8 @@
 Every value a catalog can hold has a documented maximum here, so a catalog can never make the
 control leader plan, store or print without limit. ``load_yaml`` reads the text with these
 bounds (size, nesting, alias expansion) before anything is built from it; the catalog's
-validation (catalog.py) checks the counts and lengths of each field against the rest.
-Pure: no I/O.
+validation (catalog/parse.py) and the typed entry (api/catalog.py) check each field against
+the rest: this module is the one home of every catalog ``MAX_*``. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from typing import Any
 
 import yaml
 
-from .api.router import MAX_QUEUE, MAX_SLOTS
-from .errors import CatalogError
+from ..errors import CatalogError
 
 # -- the document ----------------------------------------------------------------------------
 MAX_CATALOG_BYTES = 4 * 1024 * 1024     # the catalog's text, UTF-8
@@ -40,10 +39,12 @@ MAX_IDLE_STOP_AFTER_S = 365 * 86400.0
 MAX_SIZE_BYTES = 1 << 50                # 1 PiB
 MAX_ARGS = 64
 MAX_ARG_CHARS = 1024
-# Admission (api/router.py holds the same bounds for the routes table)
-MAX_SLOTS_PER_REPLICA = MAX_SLOTS       # requests one replica serves at once
-MAX_QUEUE_PER_MODEL = MAX_QUEUE         # requests waiting per model in one router
+# Admission (the routes table carries these fields: api/router.py)
+MAX_SLOTS_PER_REPLICA = 4096            # requests one replica serves at once
+MAX_QUEUE_PER_MODEL = 100_000           # requests waiting per model in one router
 MAX_WAIT_S = 3600.0                     # how long a request may wait for a slot
+MAX_AUTOSCALE_WINDOW_S = 86400.0        # autoscale's up_after_s, down_after_s, cooldown_s
+MAX_TOKENS_CAP = 10_000_000             # a model's max_tokens default and max
 
 # -- error messages --------------------------------------------------------------------------
 MAX_PROBLEMS_LISTED = 50                # then "... and K more problems"

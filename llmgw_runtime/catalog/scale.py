@@ -4,35 +4,21 @@
 control service scale the model between M and N on what the routers report
 (control/autoscale.py, docs/autoscaling.md); ``min: 0`` is an on-demand model (no replica
 until the first request, as ``on_demand: true``). ``autoscale`` tunes the rule, each
-setting with a documented default. Pure: catalog.py parses entries with these.
+setting with a documented default. Pure: catalog/parse.py parses entries with these; the settings and their bounds are
+defined in api/catalog.py (``Autoscale``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from .catalog_bounds import MAX_REPLICAS, MAX_WAIT_S, brief, brief_text, unknown_fields
+from ..api.catalog import Autoscale, bounds, catalog_names
+from .bounds import MAX_REPLICAS, brief, brief_text, unknown_fields
+from .spec import parse_duration
 
-MAX_AUTOSCALE_WINDOW_S = 86400.0      # up_after_s, down_after_s, cooldown_s: one day at most
-
-
-@dataclass(frozen=True)
-class Autoscale:
-    """How a model with a replica range is scaled (docs/autoscaling.md)."""
-
-    wait_target_s: float = 2.0      # up when requests wait longer than this (p90) ...
-    up_after_s: float = 30.0        # ... for this long (or are refused for capacity)
-    busy_below: float = 0.3         # down when under this share of the slots is busy ...
-    down_after_s: float = 300.0     # ... for this long, nothing waiting
-    cooldown_s: float = 60.0        # at least this long between two steps
-
-    def to_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-AUTOSCALE_FIELDS = tuple(f.name for f in fields(Autoscale))
+AUTOSCALE_FIELDS = catalog_names(Autoscale)
 _DURATIONS = ("up_after_s", "down_after_s", "cooldown_s")
 
 
@@ -125,7 +111,6 @@ def autoscale_of(problems: list[str], who: str, raw: Any, replicas: Replicas,
                  max_wait_s: float) -> Autoscale | None:
     """The entry's ``autoscale`` settings (each with its default); None for a model whose
     replicas leave nothing to scale (an ``autoscale`` there is a problem)."""
-    from .catalog import parse_duration  # catalog.py imports this module
 
     can_scale = scales(replicas.count, replicas.maximum, replicas.on_demand)
     if raw is None:
@@ -150,7 +135,7 @@ def autoscale_of(problems: list[str], who: str, raw: Any, replicas: Replicas,
         except ValueError as exc:
             problems.append(f"{who}: autoscale.{key} {exc}")
             continue
-        limit = MAX_WAIT_S if key == "wait_target_s" else MAX_AUTOSCALE_WINDOW_S
+        limit = bounds(key, Autoscale)["le"]
         if seconds > limit:
             problems.append(f"{who}: autoscale.{key} must be at most {limit:g} s, not "
                             f"{seconds:g} s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_runtime.control.throttle import Policy, Throttle, retry_after
+from llmgw_runtime.throttle import Policy, Throttle, retry_after
 
 from .conftest import ADMIN, Api
 

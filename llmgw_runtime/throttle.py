@@ -22,7 +22,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import LlmgwError
+from .errors import LlmgwError
 
 
 @dataclass(frozen=True)
