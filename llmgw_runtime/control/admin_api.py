@@ -10,7 +10,7 @@ from flask import Blueprint, current_app, jsonify, request
 
 from ..catalog import parse as catalog
 from ..errors import ConflictError, NotFoundError, ValidationError
-from ..placement.model import heard_from
+from ..fleetvocab import heard_from
 from ..store import repo
 from . import fleet
 from .web import by_whom, now_of, require, store

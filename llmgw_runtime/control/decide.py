@@ -18,8 +18,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..api.states import ReplicaState
+from ..fleetvocab import heard_from
 from ..placement import place
-from ..placement.model import heard_from
 from . import autoscale, snapshot
 from .states import PARK_AFTER, backoff_s, idle_expired
 

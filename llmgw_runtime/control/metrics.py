@@ -27,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..api.states import ReplicaState
 from ..errors import AuthError
-from ..placement.model import heard_from
+from ..fleetvocab import heard_from
 from ..security import bearer
 from ..status.summary import AT_CAPACITY_S, device_label
 from ..store import Store, repo

@@ -6,9 +6,9 @@ import functools
 import json
 from typing import Any
 
+from ..fleetvocab import held_sources
 from ..placement import DeviceView, ModelView, NodeView, PartView, ReplicaView, Snapshot
 from ..store.models import row_to_spec
-from ..weights.scan import held_sources
 from .states import in_backoff, wanted_replicas
 
 
