@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
+from ..fleetvocab import CPU_CLASS
 from .base import (
     EngineDriver,
     LaunchSpec,
@@ -36,7 +37,6 @@ from .xllamacpp_launcher import args_problem as cpu_engine_args_problem
 from .xllamacpp_launcher import supported_flags as cpu_engine_flags
 
 LAUNCHER_MODULE = "llmgw_runtime.engines.xllamacpp_launcher"
-CPU_CLASS = "cpu"
 CPU_ENGINE_DOC = 'docs/operations.md, "The CPU engine"'
 
 
