@@ -1,6 +1,6 @@
 """Devices: whole GPUs, MIG instances or the CPU, found by a :class:`DeviceSource`."""
 
-from .model import Device, Discovery, placement_id
+from .model import Device, Discovery
 from .sources import (
     SOURCES,
     CpuSource,
@@ -11,4 +11,4 @@ from .sources import (
 )
 
 __all__ = ["SOURCES", "CpuSource", "Device", "DeviceSource", "Discovery", "FakeSource",
-           "NullSource", "placement_id", "source_from_spec"]
+           "NullSource", "source_from_spec"]

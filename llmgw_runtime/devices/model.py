@@ -8,28 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DeviceError
-
-MIG_ID_BASE = 1000
-
-
-def label(card: int, mig: int | None) -> str:
-    """How operators see a device: ``0`` for a whole GPU, ``0/mig1`` for a MIG instance."""
-    return str(card) if mig is None else f"{card}/mig{mig}"
-
-
-def label_of_id(device_id: int) -> str:
-    """The operator's label of a placement id: ``1002`` is ``0/mig2``, ``3`` is ``3``."""
-    if device_id < MIG_ID_BASE:
-        return str(device_id)
-    card, mig = divmod(device_id - MIG_ID_BASE, 100)
-    return label(card, mig)
-
-
-def placement_id(card: int, mig: int | None) -> int:
-    """Card index for a whole GPU; ``1000 + 100 x card + instance`` for a MIG instance."""
-    if mig is None:
-        return card
-    return MIG_ID_BASE + 100 * card + mig
+from ..fleetvocab import label, placement_id
 
 
 @dataclass(frozen=True)

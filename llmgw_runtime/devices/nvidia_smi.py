@@ -21,9 +21,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fleetvocab import placement_id
 from .classes import gpu_class, mig_class
 from .health import health_reason
-from .model import Card, Device, Discovery, placement_id
+from .model import Card, Device, Discovery
 from .nvidia_smi_xml import NvidiaSmiError, XmlGpu, XmlMigDevice, parse_xml
 from .sources import DeviceSource
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ..errors import DeviceError
+from ..fleetvocab import placement_id
 from .classes import gpu_class, mig_class
 from .health import HealthFacts, health_reason
-from .model import Card, Device, Discovery, placement_id
+from .model import Card, Device, Discovery
 from .sources import DeviceSource
 
 log = logging.getLogger(__name__)

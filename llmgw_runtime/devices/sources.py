@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from ..errors import DeviceError
+from ..fleetvocab import CPU_CLASS
 from .model import Device, Discovery, parse_device
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class CpuSource(DeviceSource):
         except (OSError, KeyError) as exc:
             return Discovery(problems=[f"cpu: cannot read memory from {self.meminfo}: {exc}"])
         device = Device(
-            id=0, uuid=f"cpu-{self.hostname}", card=0, mig=None, klass="cpu",
+            id=0, uuid=f"cpu-{self.hostname}", card=0, mig=None, klass=CPU_CLASS,
             memory_total_mb=total_kb // 1024,
             memory_used_mb=max(0, total_kb - available_kb) // 1024,
         )

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..fleetvocab import CPU_CLASS
+
 # The engine flag that sets its slots, and the spellings of it the args may use.
 SLOT_FLAGS: dict[str, tuple[str, ...]] = {
     "llama.cpp": ("--parallel", "-np"),
@@ -24,7 +26,6 @@ CPU_ENGINE_DEFAULT_SLOTS = 1
 # vLLM's OpenAI server: --max-num-seqs defaults to 256 (engine/arg_utils.py); recent
 # versions take 1024 on GPUs with 70 GiB or more (not A100), so 256 is the safe floor.
 VLLM_DEFAULT_SLOTS = 256
-CPU_CLASS = "cpu"
 
 
 def flag_value(args: Sequence[str], flags: Sequence[str]) -> str | None:

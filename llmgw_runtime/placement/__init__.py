@@ -1,9 +1,6 @@
 """Placement: a pure function from a snapshot of the fleet to a plan."""
 
 from .model import (
-    ACTIVE,
-    CPU_CLASS,
-    MAX_REPLICAS_PER_SHARED_DEVICE,
     DeviceView,
     ModelView,
     NodeView,
@@ -16,6 +13,5 @@ from .model import (
 )
 from .plan import place
 
-__all__ = ["ACTIVE", "CPU_CLASS", "MAX_REPLICAS_PER_SHARED_DEVICE", "DeviceView", "ModelView",
-           "NodeView", "PartStart", "PartView", "Plan", "ReplicaView", "Snapshot", "Start",
-           "place"]
+__all__ = ["DeviceView", "ModelView", "NodeView", "PartStart", "PartView", "Plan",
+           "ReplicaView", "Snapshot", "Start", "place"]

@@ -18,15 +18,14 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from ..api.catalog import ModelSpec
-from .model import (
+from ..fleetvocab import (
     ACTIVE,
     CPU_CLASS,
     MAX_REPLICAS_PER_SHARED_DEVICE,
-    NodeView,
-    ReplicaView,
-    Snapshot,
     heard_from,
+    shares_device,
 )
+from .model import NodeView, ReplicaView, Snapshot
 
 Group = str | None          # a fabric name; None groups the nodes that have no fabric
 Bucket = tuple[bool, int]   # (whole, free devices of the class)
@@ -41,13 +40,6 @@ def silence(node: NodeView | None, now: float) -> float:
 
 def alive(node: NodeView, snap: Snapshot) -> bool:
     return heard_from(node.last_report, snap.now, snap.node_timeout_s)
-
-
-def shares_device(klass: str, memory_gb: float | None) -> bool:
-    """A replica of this profile shares its device with others instead of taking it whole:
-    on the CPU class always, on any other class when it declares memory_gb. The one rule
-    placement and every view of capacity (status/summary.py) use."""
-    return memory_gb is not None or klass == CPU_CLASS
 
 
 def replica_nodes(rep: ReplicaView) -> tuple[str, ...]:

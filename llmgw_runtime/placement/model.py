@@ -9,23 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..api.catalog import ModelSpec
-from ..api.states import LIVE_REPLICA_STATES, ReplicaState
-
-ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
-
-
-def heard_from(last_report: float | None, now: float, node_timeout_s: float) -> bool:
-    """The one rule of node liveness: it reported within ``node_timeout_s`` of ``now``
-    (the store's clock). Placement, the reconciler, the status summary, the console,
-    /metrics and node deletion all ask this."""
-    return last_report is not None and now - last_report <= node_timeout_s
-CPU_CLASS = "cpu"
-# A shared device (the CPU, or a GPU whose replicas declare memory_gb) runs at most this many
-# replicas, whatever their memory: each is an engine process with its own threads, and a CPU
-# replica that declares no memory_gb is bounded by this alone. A replica with memory_gb also
-# needs that much free on the device (reported free memory, less what replicas not yet ready
-# there will take), on the CPU as on a GPU.
-MAX_REPLICAS_PER_SHARED_DEVICE = 16
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,9 @@ import math
 
 from ..api.catalog import ModelSpec, is_mig_class
 from ..catalog.bounds import MAX_REPLICAS
+from ..fleetvocab import ACTIVE, MAX_REPLICAS_PER_SHARED_DEVICE
 from .capacity import Capacity, Choice, NodeState, Request, replica_nodes, silence
 from .model import (
-    ACTIVE,
-    MAX_REPLICAS_PER_SHARED_DEVICE,
     ModelView,
     NodeView,
     PartStart,

@@ -6,13 +6,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..api.states import LIVE_REPLICA_STATES, ReplicaState
-from ..devices.model import label, label_of_id
-from ..placement.capacity import shares_device
-from ..placement.model import CPU_CLASS, MAX_REPLICAS_PER_SHARED_DEVICE, heard_from
-from ..weights.scan import held_sources
+from ..fleetvocab import (
+    ACTIVE,
+    CPU_CLASS,
+    MAX_REPLICAS_PER_SHARED_DEVICE,
+    heard_from,
+    held_sources,
+    label,
+    label_of_id,
+    shares_device,
+)
 
-ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
 NO_FABRIC = "(none)"
 SCHEMA = 1                      # bump when a field changes meaning or goes away
 # A model a router reported at capacity (every slot taken and requests waiting, or refused)
@@ -22,7 +26,7 @@ AT_CAPACITY_S = 30.0
 
 def device_label(dev: dict[str, Any]) -> str:
     """``0`` for a whole GPU (or the CPU), ``0/mig1`` for a MIG instance, from a reported
-    device object (``devices.model.label`` on the dataclass)."""
+    device object (``fleetvocab.label``, as ``devices.model.Device.label`` shows it)."""
     if dev.get("mig") is not None:
         return label(dev.get("card", 0), dev["mig"])
     return str(dev.get("card", dev.get("id")))

@@ -30,16 +30,6 @@ from .sources import parse_source
 log = logging.getLogger(__name__)
 
 
-def held_sources(report: Any) -> tuple[frozenset[str], frozenset[str]]:
-    """(sources held on local storage, sources on a shared filer) from a weights report."""
-    sources = report.get("sources") if isinstance(report, dict) else None
-    if not isinstance(sources, dict):
-        return frozenset(), frozenset()
-    shared = frozenset(s for s, seen in sources.items()
-                       if isinstance(seen, dict) and seen.get("shared"))
-    return frozenset(sources) - shared, shared
-
-
 def scan(sources: Iterable[str], dirs: Sequence[str | Path],
          mounts: Sequence[Mount]) -> dict[str, Any]:
     """The weights report for ``sources`` (see the module docstring); ``{}`` without dirs."""

@@ -9,10 +9,10 @@ from llmgw_runtime.devices import (
     Device,
     FakeSource,
     NullSource,
-    placement_id,
     source_from_spec,
 )
 from llmgw_runtime.errors import DeviceError
+from llmgw_runtime.fleetvocab import placement_id
 
 API_KEYS = {"id", "uuid", "card", "mig", "class", "memory_total_mb", "memory_used_mb",
             "processes", "temperature_c", "power_w", "utilization_pct", "healthy", "reason",

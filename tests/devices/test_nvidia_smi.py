@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_runtime.devices import Device, Discovery, placement_id, source_from_spec
+from llmgw_runtime.devices import Device, Discovery, source_from_spec
 from llmgw_runtime.devices.fake_nvml import A100_80GB_MIG_UUIDS
 from llmgw_runtime.devices.model import Card
 from llmgw_runtime.devices.nvidia_smi import (
@@ -25,6 +25,7 @@ from llmgw_runtime.devices.nvidia_smi import (
     parse_list,
 )
 from llmgw_runtime.devices.nvidia_smi_xml import NvidiaSmiError, parse_xml
+from llmgw_runtime.fleetvocab import placement_id
 from tests.support.captures import list_section
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 from llmgw_runtime.catalog.bounds import MAX_REPLICAS
-from llmgw_runtime.placement import MAX_REPLICAS_PER_SHARED_DEVICE, ModelView, Plan, place
+from llmgw_runtime.fleetvocab import MAX_REPLICAS_PER_SHARED_DEVICE
+from llmgw_runtime.placement import ModelView, Plan, place
 
 from .builders import cpu, gpu, large_fleet, node, rep, snap, spec, want
 
