@@ -17,9 +17,9 @@ from ..catalog.spec import parse_duration
 from ..status.render import human_bytes, render
 from ..status.summary import device_label, location
 from ..status.telling import telling_line
+from ..text import printable, printable_doc, printable_lines
 from .client import DEFAULT_URL, ApiError, Client, admin_token, control_url
 from .output import ago, emit, output_option, terminal_width
-from .text import clean, printable, printable_lines
 
 URL_HELP = ("the control service [$LLMGW_CONTROL_URL, else the URL a running `llmgw up` "
             f"wrote in its state directory, else {DEFAULT_URL}]")
@@ -362,7 +362,7 @@ def plan(ctx: click.Context, fmt: str) -> None:
     if fmt == "json":
         emit(data, [], [], "json")
         return
-    data = clean(data)             # every name and reason below: no raw escapes
+    data = printable_doc(data)     # every name and reason below: no raw escapes
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     click.echo(render(data, terminal_width(), color,
                       sections=("capacity", "fabrics")), color=color)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
-from .text import printable
+from ..text import printable
 
 
 @dataclass(frozen=True)

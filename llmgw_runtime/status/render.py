@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..cli.text import clean
+from ..text import printable_doc
 from .summary import AT_CAPACITY_S
 from .telling import telling_line
 
@@ -123,12 +123,12 @@ def render(summary: dict[str, Any], width: int = 100, color: bool = False,
            sections: Sequence[str] = SECTIONS) -> str:
     """The whole screen, each line at most ``max(width, 60)`` characters (plus colour codes).
     ``sections`` picks parts by name (``ctl plan`` shows capacity and fabrics). Every string
-    of ``summary`` is shown through ``cli.text.printable``: only our colour codes are raw."""
+    of ``summary`` is shown through ``text.printable``: only our colour codes are raw."""
     width = max(width, MIN_WIDTH)
     paint = painter(color)
     # Names and messages from the fleet: no raw escapes (newlines stay for telling_line;
     # fit() shows any left inside a line as \x0a).
-    summary = clean(summary, keep_newlines=True)
+    summary = printable_doc(summary, keep_newlines=True)
     lines: list[str] = []
     parts = {"head": head, "capacity": capacity, "fabrics": fabrics, "models": models,
              "scaling": scaling, "problems": problems, "idle": idle, "store": store}

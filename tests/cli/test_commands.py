@@ -12,7 +12,6 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw_runtime.cli.main import cli
-from llmgw_runtime.cli.text import clean, printable, printable_lines
 from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.bootstrap import bootstrap
 from llmgw_runtime.control.config import ControlConfig
@@ -62,27 +61,6 @@ def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         code, out = invoke("up", "--state-dir", str(tmp_path), "--control-port", str(port))
     assert code == 1 and f"port {port} for the control service is in use" in out
-
-
-# ---------------------------------------------------------------- the sanitiser
-
-
-@pytest.mark.parametrize(("raw", "shown"), [
-    ("gpu-01", "gpu-01"),
-    ("n\x1b[2J", "n\\x1b[2J"),
-    ("a\nb\tc\rd\x00", "a\\x0ab\\x09c\\x0dd\\x00"),
-    ("del\x7f c1\x9b31m \x85", "del\\x7f c1\\x9b31m \\x85"),
-    ("\u202egnp.exe", "\\u202egnp.exe"),
-    ("ünïcødé ✓ 模型", "ünïcødé ✓ 模型"),
-])
-def test_printable_shows_every_control_character_as_an_escape(raw: str, shown: str) -> None:
-    assert printable(raw) == shown
-
-
-def test_clean_reaches_every_string_and_lines_keep_their_newlines() -> None:
-    doc = {"n\x1b": ["\x1b", 1, None, {"k": ("\x07",)}]}
-    assert clean(doc) == {"n\\x1b": ["\\x1b", 1, None, {"k": ("\\x07",)}]}
-    assert printable_lines("one\x1b\ntwo") == "one\\x1b\ntwo"
 
 
 # ---------------------------------------------------------------- ctl against a service

@@ -1,5 +1,6 @@
-"""Text from the server made safe for a terminal: the one sanitiser every ``ctl`` table and
-line goes through (JSON output needs none: JSON escapes control characters itself).
+"""Text from the fleet made safe for a terminal: the one sanitiser every ``ctl`` table and
+line, ``llmgw up``'s log tails and the status screen (``status/render.py``) go through
+(JSON output needs none: JSON escapes control characters itself).
 
 Names and messages come from whoever could write them (a node names itself when it joins,
 an engine writes its error): a raw ESC could clear the operator's screen, move the cursor
@@ -41,7 +42,7 @@ def printable_lines(text: str) -> str:
     return "\n".join(printable(line) for line in text.split("\n"))
 
 
-def clean(value: Any, keep_newlines: bool = False) -> Any:
+def printable_doc(value: Any, keep_newlines: bool = False) -> Any:
     """``value`` with :func:`printable` (or, with ``keep_newlines``,
     :func:`printable_lines`) applied to every string in it, keys included (a decoded JSON
     document: dicts, lists, strings, numbers). Keep newlines only where the renderer
@@ -49,7 +50,8 @@ def clean(value: Any, keep_newlines: bool = False) -> Any:
     if isinstance(value, str):
         return printable_lines(value) if keep_newlines else printable(value)
     if isinstance(value, dict):
-        return {clean(k, keep_newlines): clean(v, keep_newlines) for k, v in value.items()}
+        return {printable_doc(k, keep_newlines): printable_doc(v, keep_newlines)
+                for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(clean(v, keep_newlines) for v in value)
+        return type(value)(printable_doc(v, keep_newlines) for v in value)
     return value
