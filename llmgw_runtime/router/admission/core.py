@@ -47,12 +47,12 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from .affinity import choose, fits, place
+from .outcome import Admitted, Reason, Rejected
 from .queue import PRIORITIES, FairQueue, Priority, Ticket
 
-Reason = Literal["queue_full", "timeout", "no_replicas"]
 SERVICE_S_GUESS = 2.0     # a request's service time before any was measured
 SERVICE_ALPHA = 0.2       # weight of the newest service time in the moving average
 RETRY_AFTER_MAX_S = 60
@@ -66,20 +66,6 @@ class Remembered(Protocol):
     def get(self, key: bytes, replicas: Iterable[str]) -> str | None: ...
 
     def put(self, key: bytes, replica: str, now: float) -> None: ...
-
-
-@dataclass(frozen=True)
-class Admitted:
-    replica: str
-    # at the prefix's remembered home (its cache is likely there): for the shell to say so
-    # in release(), which keeps the service time of the others apart (what a move costs)
-    at_home: bool = field(default=False, compare=False)
-
-
-@dataclass(frozen=True)
-class Rejected:
-    reason: Reason
-    retry_after_s: int      # whole seconds, at least 1: for the Retry-After header
 
 
 @dataclass(frozen=True)
