@@ -31,7 +31,8 @@ from .routes import (
     RoutesTable,
 )
 from .state import RouterState
-from .wsgi import KEY_ID, MAX_MODEL_NAME, ProxiedRoutes, retry_after_s
+from .usage import KEY_ID
+from .wsgi import MAX_MODEL_NAME, ProxiedRoutes, retry_after_s
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,7 @@ from .routes import (
 )
 from .tables import limits
 from .tables.limits import Limiter, estimate_tokens
-from .usage import METER, Meter, UsageBook, UsageReporter
-from .wsgi import KEY_ID
+from .usage import KEY_ID, METER, Meter, UsageBook, UsageReporter
 
 log = logging.getLogger(__name__)
 

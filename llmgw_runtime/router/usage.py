@@ -35,6 +35,7 @@ from .tokens import BodyScan, StreamScan, Tokens, asking_usage_body, usage_asked
 log = logging.getLogger(__name__)
 
 METER = "llmgw.meter"         # in the environ: the request's Meter
+KEY_ID = "llmgw.key_id"       # in the environ: the API key's sha256 (the fairness key), or "-"
 PROBLEM_REPEAT_S = 600.0      # a failing report is logged again after this long
 
 

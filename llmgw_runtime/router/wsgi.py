@@ -46,7 +46,7 @@ from .metrics import (
     WSGIApp,
 )
 from .proxy import Answered
-from .usage import METER
+from .usage import KEY_ID, METER
 
 if TYPE_CHECKING:
     from .routes import RoutesTable
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KEY_ID = "llmgw.key_id"     # in the environ: the API key's sha256 (the fairness key), or "-"
 MAX_JSON_DEPTH = 64        # arrays and objects in a request body
 MAX_MODEL_NAME = 200       # characters of 'model', as catalog names
 _ALLOW = "OPTIONS, POST"
