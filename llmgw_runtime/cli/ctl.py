@@ -6,9 +6,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
 
 import click
 
@@ -17,9 +15,12 @@ from ..catalog.spec import parse_duration
 from ..status.render import human_bytes, render
 from ..status.summary import device_label, location
 from ..status.telling import telling_line
-from ..text import printable, printable_doc, printable_lines
-from .client import DEFAULT_URL, ApiError, Client, admin_token, control_url
+from ..text import printable_doc
+from .client import DEFAULT_URL, ApiError
+from .common import client, part, say, show
+from .keys import keys
 from .output import ago, emit, output_option, terminal_width
+from .usage import usage
 
 URL_HELP = ("the control service [$LLMGW_CONTROL_URL, else the URL a running `llmgw up` "
             f"wrote in its state directory, else {DEFAULT_URL}]")
@@ -36,47 +37,10 @@ def ctl(ctx: click.Context, url: str | None, token: str | None, ca_file: str | N
     ctx.obj = {"url": url, "token": token, "ca_file": ca_file}
 
 
-class SafeClient(Client):
-    """The admin API client whose error messages (which quote names from the server) are
-    shown through the sanitiser like everything else ``ctl`` prints."""
-
-    def request(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().request(*args, **kwargs)
-        except ApiError as exc:
-            exc.message = printable_lines(exc.message)  # type: ignore[misc]
-            raise
-
-
-def client(ctx: click.Context) -> Client:
-    url, origin = control_url(ctx.obj["url"])
-    return SafeClient(url, admin_token(ctx.obj["token"]), ca_file=ctx.obj["ca_file"],
-                      origin=origin)
-
-
-def show(data: Any, rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str,
-         optional: Sequence[int] = ()) -> None:
-    """``emit`` with every cell of a table through ``text.printable`` (a name with an
-    escape sequence shows as ``\\x1b[2J``, it does not clear the screen); JSON as is.
-    One line per row, fitted to the terminal: ``optional`` columns go first."""
-    safe = [[printable(c) if isinstance(c, str) else c for c in row] for row in rows]
-    emit(data, safe, headers, fmt, optional=optional)
-
-
 def telling(text: str | None) -> str:
     """An error or a message as one line: the line of it that says most
     (``status.telling``); the whole text is in ``-o json``."""
     return telling_line(text) if text else ""
-
-
-def say(text: str) -> None:
-    """A line of plain output, through the sanitiser (a name cannot forge a line)."""
-    click.echo(printable(text))
-
-
-def part(name: str) -> str:
-    """A name as one URL path segment."""
-    return quote(name, safe="")
 
 
 @ctl.command()
@@ -393,10 +357,6 @@ def status_main() -> None:
     and --ca."""
     status_command.main(prog_name=os.path.basename(sys.argv[0]) or "llmgw-status")
 
-
-# The `keys` group and `usage` live in keys.py and usage.py (they use the helpers above).
-from .keys import keys  # noqa: E402
-from .usage import usage  # noqa: E402
 
 ctl.add_command(keys)
 ctl.add_command(usage)

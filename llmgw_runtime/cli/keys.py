@@ -15,10 +15,9 @@ from typing import Any
 import click
 
 from ..api import admin as messages
-from ..api.router import MAX_RPM, MAX_TPM
 from ..catalog.spec import parse_duration
 from ..status.render import largest_unit
-from .ctl import client, part, say, show
+from .common import client, part, request_body, say, show
 from .output import ago, output_option
 
 PRIORITY = click.Choice(("high", "normal", "low"))
@@ -30,7 +29,9 @@ EXPIRES_HELP = "how long it works, like 30d, 12h or 90m (default: until deleted)
 RPM_HELP = "requests per minute it may send, over all its models (default: no limit)"
 TPM_HELP = ("tokens per minute (prompt + completion) its requests may use, over all its "
             "models (default: no limit)")
-MAX_LIMIT = {"--rpm": MAX_RPM, "--tpm": MAX_TPM}
+# The options of each field of KeyCreate and KeyUpdate, to name them when one is refused.
+OPTIONS = {"name": "NAME", "priority": "--priority", "models": "--models",
+           "expires_in_s": "--expires", "rpm": "--rpm", "tpm": "--tpm"}
 
 
 @click.group()
@@ -39,26 +40,21 @@ def keys() -> None:
 
 
 def _models(value: str) -> list[str]:
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    if not names:
-        raise click.BadParameter("name at least one model (a,b) or use all", param_hint="--models")
-    return names
+    """``a,b`` as names (how many, and which, the message says)."""
+    return [n.strip() for n in value.split(",") if n.strip()]
 
 
 def _limit(value: str, flag: str, lift: bool = False) -> int | str:
-    """A per-minute limit: a whole number from 1 (``none`` lifts it, in ``keys set``)."""
+    """A per-minute limit as typed: a whole number (its bounds are the message's), or
+    ``none``, which lifts it in ``keys set``."""
     text = value.strip()
     if lift and text == "none":
         return "none"
     try:
-        number = int(text)
+        return int(text)
     except ValueError:
-        number = 0
-    if not 1 <= number <= MAX_LIMIT[flag]:
-        raise click.BadParameter(f"{value!r} is not a whole number from 1 to "
-                                 f"{MAX_LIMIT[flag]:,}" + (" (or none)" if lift else ""),
-                                 param_hint=flag)
-    return number
+        raise click.BadParameter(f"{value!r} is not a whole number"
+                                 + (" (or none)" if lift else ""), param_hint=[flag]) from None
 
 
 def limits_text(key: dict[str, Any]) -> tuple[str, str]:
@@ -71,7 +67,7 @@ def _lifetime(value: str) -> float:
     try:
         return parse_duration(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--expires") from None
+        raise click.BadParameter(str(exc), param_hint=["--expires"]) from None
 
 
 def expiry_text(key: dict[str, Any], now: float | None = None) -> str:
@@ -97,19 +93,19 @@ def expiry_text(key: dict[str, Any], now: float | None = None) -> str:
 def keys_create(ctx: click.Context, name: str, priority: str, models: str | None,
                 expires: str | None, rpm: str | None, tpm: str | None) -> None:
     """Create API key NAME; the key is shown once."""
-    body: dict[str, Any] = {"name": name}
+    fields: dict[str, Any] = {"name": name}
     if priority != "normal":        # a control service older than priorities still works
-        body["priority"] = priority
+        fields["priority"] = priority
     if models is not None:
-        body["models"] = _models(models)
+        fields["models"] = _models(models)
     if expires is not None:
-        body["expires_in_s"] = _lifetime(expires)
+        fields["expires_in_s"] = _lifetime(expires)
     if rpm is not None:
-        body["rpm"] = _limit(rpm, "--rpm")
+        fields["rpm"] = _limit(rpm, "--rpm")
     if tpm is not None:
-        body["tpm"] = _limit(tpm, "--tpm")
-    result = client(ctx.parent).post(  # type: ignore[arg-type]
-        "/api/v1/keys", body, answer=messages.KeyCreated)
+        fields["tpm"] = _limit(tpm, "--tpm")
+    body = request_body(messages.KeyCreate, OPTIONS, **fields)
+    result = client(ctx).post("/api/v1/keys", body.to_json(), answer=messages.KeyCreated)
     limits = []
     if result.get("priority", "normal") != "normal":
         limits.append(f"{result['priority']} priority")
@@ -131,8 +127,7 @@ def keys_create(ctx: click.Context, name: str, priority: str, models: str | None
 def keys_list(ctx: click.Context, fmt: str) -> None:
     """API keys with their priority, models, expiry, limits (requests and tokens per
     minute, - for none) and age (never the keys: only their hashes are kept)."""
-    data = client(ctx.parent).get(  # type: ignore[arg-type]
-        "/api/v1/keys", answer=messages.Keys)
+    data = client(ctx).get("/api/v1/keys", answer=messages.Keys)
     show(data, [(k["name"], k.get("priority", "normal"),
                  "all" if k.get("models") is None else ",".join(k["models"]),
                  expiry_text(k), *limits_text(k), ago(k["created"]))
@@ -154,22 +149,23 @@ def keys_set(ctx: click.Context, name: str, priority: str | None, models: str | 
              expires: str | None, rpm: str | None, tpm: str | None) -> None:
     """Change API key NAME's priority, models, expiry or limits (the key itself stays);
     routers use it from their next routes refresh."""
-    body: dict[str, Any] = {}
+    fields: dict[str, Any] = {}
     if priority is not None:
-        body["priority"] = priority
+        fields["priority"] = priority
     if models is not None:
-        body["models"] = "all" if models.strip() == "all" else _models(models)
+        fields["models"] = "all" if models.strip() == "all" else _models(models)
     if expires is not None:
-        body["expires_in_s"] = "never" if expires.strip() == "never" else _lifetime(expires)
+        fields["expires_in_s"] = "never" if expires.strip() == "never" else _lifetime(expires)
     if rpm is not None:
-        body["rpm"] = _limit(rpm, "--rpm", lift=True)
+        fields["rpm"] = _limit(rpm, "--rpm", lift=True)
     if tpm is not None:
-        body["tpm"] = _limit(tpm, "--tpm", lift=True)
-    if not body:
+        fields["tpm"] = _limit(tpm, "--tpm", lift=True)
+    if not fields:
         raise click.UsageError("say what to change: --priority, --models, --expires, --rpm "
                                "or --tpm")
+    body = request_body(messages.KeyUpdate, OPTIONS, **fields)
     key = client(ctx).request("PATCH", f"/api/v1/keys/{part(name)}",
-                              json.dumps(body).encode(), answer=messages.KeyInfo)
+                              json.dumps(body.to_json()).encode(), answer=messages.KeyInfo)
     now = []
     if priority is not None:
         now.append(f"priority {key.get('priority', priority)}")

@@ -9,7 +9,7 @@ import click
 
 from ..api import usage as messages
 from ..catalog.spec import parse_duration
-from .ctl import client, show
+from .common import client, show
 from .output import output_option
 
 BY = click.Choice(("key", "model", "key,model"))

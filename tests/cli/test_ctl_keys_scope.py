@@ -26,6 +26,10 @@ def test_ctl_keys_refuse_bad_scopes_and_expiries_before_asking(control: str) -> 
     code, out = ctl(control, "keys", "create", "x", "--expires", "soon")
     assert code == 2 and "is not a duration" in out
     code, out = ctl(control, "keys", "create", "x", "--models", ",")
-    assert code == 2 and "name at least one model" in out
+    assert code == 2 and "'--models': List should have at least 1 item" in out
+    code, out = ctl(control, "keys", "set", "x", "--models", "a b,c")
+    assert code == 2 and "'--models': must be letters, digits" in out
+    code, out = ctl(control, "keys", "create", "x", "--expires", "4000d")
+    assert code == 2 and "'--expires': Input should be less than or equal to" in out
     code, out = ctl(control, "keys", "set", "x")
     assert code == 2 and "say what to change" in out
