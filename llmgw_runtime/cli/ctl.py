@@ -141,10 +141,22 @@ def models(ctx: click.Context, fmt: str) -> None:
     data = client(ctx).get("/api/v1/models", answer=messages.ModelList)
     rows = [(m["name"], m["engine"], m["profile"]["class"], f"{m['ready']}/{m['wanted']}",
              m["state"] + (" (on demand)" if m["on_demand"] else ""),
-             m["consecutive_failures"], telling(m["reason"]))
+             m["consecutive_failures"], max_tokens_cell(m.get("max_tokens")),
+             telling(m["reason"]))
             for m in data["models"]]
-    show(data, rows, ("MODEL", "ENGINE", "CLASS", "READY", "STATE", "FAILURES", "REASON"),
-         fmt, optional=(1, 2))
+    show(data, rows, ("MODEL", "ENGINE", "CLASS", "READY", "STATE", "FAILURES", "MAX TOKENS",
+                      "REASON"), fmt, optional=(1, 2, 6))
+
+
+def max_tokens_cell(cap: dict[str, Any] | None) -> str:
+    """A model's max_tokens as ``ctl models`` shows it: ``256 of 4096`` (the default a
+    request gets, of the most it may ask for), ``+ clamp`` when a request above is lowered,
+    ``-`` without a cap."""
+    if not cap or (cap.get("default") is None and cap.get("max") is None):
+        return "-"
+    given = "" if cap.get("default") is None else f"{cap['default']} of "
+    most = "any" if cap.get("max") is None else str(cap["max"])
+    return given + most + (" + clamp" if cap.get("clamp") else "")
 
 
 @ctl.group(invoke_without_command=True)

@@ -58,3 +58,28 @@ def test_ctl_status_shows_a_model_at_capacity(control: str, store: Store) -> Non
     models = json.loads(ctl(control, "models", "-o", "json")[1])["models"]
     assert (models[0]["slots"], models[0]["max_queue"], models[0]["routing"]) == (
         2, 10, "prefix-affinity")
+
+
+def test_ctl_models_shows_each_models_max_tokens(control: str, store: Store) -> None:  # noqa: F811
+    from llmgw_runtime.catalog import parse as catalog
+    from llmgw_runtime.control import fleet
+
+    capped = """models:
+  - {name: capped, source: file:///models/c.gguf, engine: llama.cpp, profile: {class: cpu},
+     max_tokens: {default: 256, max: 4096, clamp: true}}
+  - {name: most, source: file:///models/m.gguf, engine: llama.cpp, profile: {class: cpu},
+     max_tokens: {max: 512}}
+  - {name: free, source: file:///models/f.gguf, engine: llama.cpp, profile: {class: cpu}}
+"""
+    with store.begin() as conn:
+        fleet.apply_catalog(conn, catalog.parse(capped), time.time(), prune=False)
+    code, out = ctl(control, "models")
+    assert code == 0
+    lines = {ln.split()[0]: ln for ln in out.splitlines()[1:] if ln.strip()}
+    assert "MAX TOKENS" in out.splitlines()[0]
+    assert "256 of 4096 + clamp" in lines["capped"]
+    assert lines["most"].split()[-1] == "512" and " of 512" not in lines["most"]
+    data = json.loads(ctl(control, "models", "-o", "json")[1])["models"]
+    assert {m["name"]: m["max_tokens"] for m in data} == {
+        "capped": {"default": 256, "max": 4096, "clamp": True},
+        "most": {"default": None, "max": 512, "clamp": False}, "free": None}
