@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidatorFunctionWrapHandler, WrapValidator, model_validator
 
 from .agent import CardReport, DeviceReport
 from .catalog import Autoscale, ModelSpec
@@ -21,16 +21,25 @@ from .fields import (
     SmallCount,
     Text,
 )
-from .router import Rpm, Tpm
+from .router import KeyPriority, Rpm, Tpm
 from .states import ModelState, ReplicaState
 
 KeyName = Annotated[str, Field(strict=True, min_length=1, max_length=100,
                                pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")]
 
 
-# An API key's priority in a model's queue: a router serves waiting requests of high
-# keys first, then normal, then low, fairly across the keys of each (docs/routing.md).
-KeyPriority = Literal["high", "normal", "low"]
+def _known_priority(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A priority, or an error that names the allowed ones."""
+    try:
+        return handler(value)
+    except ValueError:
+        raise ValueError("unknown; use high, normal (the default) or low") from None
+
+
+# An API key's priority in a model's queue (api/router.py ``KeyPriority``): a router serves
+# waiting requests of high keys first, then normal, then low, fairly across the keys of each
+# (docs/routing.md). As a request gives it: an unknown one names the allowed ones.
+Priority = Annotated[KeyPriority, WrapValidator(_known_priority)]
 
 
 # How long a key lives at most when it expires: ten years (``--expires 3650d``).
@@ -43,7 +52,7 @@ KeyModels = Annotated[list[Name], Field(min_length=1, max_length=MAX_LIST)]
 
 class KeyCreate(Message):
     name: KeyName
-    priority: KeyPriority = "normal"
+    priority: Priority = "normal"
     models: KeyModels | None = None
     expires_in_s: KeyLifetime | None = None
     # Limits (docs/keys.md): requests and tokens per minute over all its models; None: none.
@@ -66,11 +75,20 @@ class KeyUpdate(Message):
     one field. ``models: "all"`` lifts a scope, ``expires_in_s: "never"`` an expiry,
     ``rpm``/``tpm: "none"`` a limit."""
 
-    priority: KeyPriority | None = None
+    priority: Priority | None = None
     models: KeyModels | Literal["all"] | None = None
     expires_in_s: KeyLifetime | Literal["never"] | None = None
     rpm: Rpm | Literal["none"] | None = None
     tpm: Tpm | Literal["none"] | None = None
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> KeyUpdate:
+        if (self.priority is None and self.models is None and self.expires_in_s is None
+                and self.rpm is None and self.tpm is None):
+            raise ValueError("nothing to change: give priority, models (a list, or \"all\"), "
+                             "expires_in_s (seconds, or \"never\"), rpm or tpm (a number "
+                             "per minute, or \"none\")")
+        return self
 
 
 class KeyInfo(Answer):

@@ -14,36 +14,25 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request
 
-from ..api.admin import KeyCreate, KeyUpdate
+from ..api.admin import Deleted, KeyCreate, KeyCreated, KeyInfo, Keys, KeyUpdate
 from ..api.parse import parse_json
-from ..errors import ConflictError, NotFoundError, ValidationError
+from ..errors import ConflictError, NotFoundError
 from ..security import hash_token, new_token
 from ..status.render import largest_unit
 from ..store import accounts, repo
-from .web import by_whom, json_body, now_of, require, store
+from .web import by_whom, now_of, require, store
 
 bp = Blueprint("keys", __name__, url_prefix="/api/v1")
 
-KEY_PRIORITIES = ("high", "normal", "low")
 
-
-def _priority(value: Any) -> str:
-    """An API key's priority, or a 400 naming what is allowed."""
-    if value not in KEY_PRIORITIES:
-        raise ValidationError(f"priority {repr(value)[:40]} is unknown; use high, normal "
-                              "(the default) or low")
-    return str(value)
-
-
-def key_info(row: Any, now: float) -> dict[str, Any]:
-    """A key as ``GET /api/v1/keys`` lists it (``api.admin.KeyInfo``)."""
+def key_info(row: Any, now: float) -> KeyInfo:
+    """A key as ``GET /api/v1/keys`` lists it."""
     expires_at = row.expires_at
     rpm, tpm = accounts.key_limits(row)
-    return {"name": row.name.removeprefix("key:"), "created": row.created,
-            "priority": row.priority, "models": accounts.key_models(row),
-            "expires_at": expires_at,
-            "expired": expires_at is not None and expires_at <= now,
-            "rpm": rpm, "tpm": tpm}
+    return KeyInfo(name=row.name.removeprefix("key:"), created=row.created,
+                   priority=row.priority, models=accounts.key_models(row),
+                   expires_at=expires_at,
+                   expired=expires_at is not None and expires_at <= now, rpm=rpm, tpm=tpm)
 
 
 def describe(models: list[str] | None, expires_at: float | None, now: float,
@@ -64,12 +53,8 @@ def describe(models: list[str] | None, expires_at: float | None, now: float,
 @bp.post("/keys")
 @require("admin")
 def create_key() -> Any:
-    body = json_body(required=("name",))
-    name = body["name"]
-    if not isinstance(name, str) or not name.strip() or len(name) > 100:
-        raise ValidationError("name must be a non-empty string of at most 100 characters")
-    _priority(body.get("priority", "normal"))               # the clear message first
     spec = parse_json(KeyCreate, request.get_data(cache=True), what="API key")
+    name = spec.name
     account = f"key:{name}"
     key = new_token("api_key")
     with store().begin() as conn:
@@ -88,8 +73,8 @@ def create_key() -> Any:
         repo.add_event(conn, now, "key", name, "API key created"
                        + ("" if spec.priority == "normal" else f" with {spec.priority} priority")
                        + (f" {what}" if what else ""))
-    return jsonify({"name": name, "key": key, "priority": spec.priority, "models": models,
-                    "expires_at": expires_at, "rpm": spec.rpm, "tpm": spec.tpm}), 201
+    return jsonify(KeyCreated(name=name, key=key, priority=spec.priority, models=models,
+                              expires_at=expires_at, rpm=spec.rpm, tpm=spec.tpm).to_json()), 201
 
 
 @bp.get("/keys")
@@ -98,7 +83,7 @@ def list_keys() -> Any:
     with store().begin() as conn:
         now = now_of(conn)
         rows = accounts.accounts_of_kind(conn, "api_key")
-    return jsonify({"keys": [key_info(r, now) for r in rows]})
+    return jsonify(Keys(keys=[key_info(r, now) for r in rows]).to_json())
 
 
 @bp.patch("/keys/<path:name>")
@@ -106,15 +91,7 @@ def list_keys() -> Any:
 def update_key(name: str) -> Any:
     """Change API key ``name``'s priority, scope, expiry or limits; routers use it from
     their next routes refresh. The key itself does not change."""
-    body = json_body()
-    if "priority" in body:
-        _priority(body["priority"])                         # the clear message first
     change = parse_json(KeyUpdate, request.get_data(cache=True), what="key update")
-    if (change.priority is None and change.models is None and change.expires_in_s is None
-            and change.rpm is None and change.tpm is None):
-        raise ValidationError("nothing to change: give priority, models (a list, or \"all\"), "
-                              "expires_in_s (seconds, or \"never\"), rpm or tpm (a number "
-                              "per minute, or \"none\")")
     fields: dict[str, Any] = {}
     if change.models is not None:
         fields["models"] = None if change.models == "all" else sorted(set(change.models))
@@ -135,7 +112,7 @@ def update_key(name: str) -> Any:
         for line in _changes(row, change.priority, {**fields, **limits}, now):
             repo.add_event(conn, now, "key", name, f"{line} by {by_whom()}")
         updated = accounts.account_by_hash(conn, row.token_hash)
-    return jsonify(key_info(updated, now))
+    return jsonify(key_info(updated, now).to_json())
 
 
 _LIMIT_WORDS = {"rpm": "requests per minute", "tpm": "tokens per minute"}
@@ -172,4 +149,4 @@ def delete_key(name: str) -> Any:
             raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
                                 "list`")
         repo.add_event(conn, now_of(conn), "key", name, f"API key deleted by {by_whom()}")
-    return jsonify({"deleted": name})
+    return jsonify(Deleted(deleted=name).to_json())

@@ -1,5 +1,6 @@
-"""What every blueprint of the control service shares: the store, authentication, JSON
-bodies and the error shape ``{"error": {"code", "reason", "message", "details"}}``."""
+"""What every blueprint of the control service shares: the store, authentication and the
+error shape ``{"error": {"code", "reason", "message", "details"}}`` (request bodies are
+parsed as their messages: api/parse.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from typing import Any, TypeVar
 from flask import Flask, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from ..api.parse import InvalidJSON, decode
-from ..errors import AuthError, ForbiddenError, LlmgwError, ValidationError
+from ..errors import AuthError, ForbiddenError, LlmgwError
 from ..security import PREFIXES, bearer, hash_token
 from ..store import Store, accounts, repo
 from .decide import Settings
@@ -81,21 +81,6 @@ def install_error_handlers(app: Flask) -> None:
 def by_whom() -> str:
     """Who asks, for an event: the admin account (API) or the console user."""
     return f"{g.get('principal', 'an operator')} (admin API)"
-
-
-def json_body(required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The request's JSON object, or a 400 that says what is wrong with it."""
-    raw = request.get_data(cache=True)
-    try:
-        body = decode(raw, what="request body")
-    except InvalidJSON:
-        raise
-    if not isinstance(body, dict):
-        raise ValidationError("the request body must be a JSON object")
-    missing = [k for k in required if k not in body]
-    if missing:
-        raise ValidationError(f"the request body lacks {', '.join(missing)}")
-    return body
 
 
 def require(*kinds: str, in_transaction: bool = False) -> Callable[[F], F]:

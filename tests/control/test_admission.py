@@ -99,7 +99,9 @@ def test_an_unknown_priority_is_a_400_naming_the_allowed_ones(api: Api, method: 
     api.call("POST", "/api/v1/keys", json={"name": "k"})
     resp = api.call(method, path, json=body)
     assert resp.status_code == 400
-    assert "use high, normal (the default) or low" in resp.json["error"]["message"]
+    error = resp.json["error"]
+    assert [d for d in error["details"]
+            if d.startswith("priority:") and "use high, normal (the default) or low" in d], error
 
 
 def test_changing_a_missing_keys_priority_is_a_404(api: Api) -> None:

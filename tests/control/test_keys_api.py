@@ -80,4 +80,5 @@ def test_bad_scopes_and_expiries_are_refused_naming_the_field(
     resp = api.call(method, path, json=body)
     assert resp.status_code == 400, resp.json
     error = resp.json["error"]
-    assert says in error["message"] or any(d.startswith(says) for d in error["details"]), error
+    assert says in error["message"] or any(d.startswith(says) or d.startswith(f"(the body): {says}")
+                                           for d in error["details"]), error
