@@ -7,23 +7,31 @@ store's row mapping (store/models.py), the routes table's per-model part (``Rout
 which :class:`~llmgw_runtime.api.router.RouteModel` extends), the admin answer
 (:class:`~llmgw_runtime.api.admin.Model` extends :class:`ModelSpec`), the generated OpenAPI
 of the catalog endpoints (:func:`catalog_schema`), and the checks that the Ansible
-collection's field list and docs/catalog.md's table agree (tests/api/test_catalog_entry.py).
+collection's literals (it runs where this package is not installed) and docs/catalog.md's
+field table agree (tests/collection/test_llmgw_model_fields.py,
+tests/test_doc_catalog_fields.py).
 
 Adding a per-model field: one line in :class:`ModelSpec` (or :class:`RouteFields` when the
-routers need it), a store migration, and the code that uses it.
+routers need it), a store migration, and the code that uses it; then the tests above name
+what else must say it (the collection's option, its documentation and default, the row of
+docs/catalog.md).
 
 Field metadata (``json_schema_extra``): ``bound`` names the ``MAX_*`` of catalog/bounds.py
 an error message cites; ``unit`` words a number's unit in errors; ``unknown`` is the fix an
 unknown choice's error gives; ``required`` the fix for a missing field; ``catalog`` the JSON
 Schema of the form the catalog writes when it differs from the stored one (``replicas: {min,
-max}``, ``idle_stop_after: 30m``), with ``catalog_name`` when its name differs too; ``hash``
-marks the fields of the definition (a change of them is a new definition, which unparks).
+max}``, ``sha256`` in either case; None: the catalog does not write the field), with
+``catalog_name`` when its name differs too (``idle_stop_after``); ``duration`` marks a number
+of seconds the catalog may also write as ``30m``, ``1h``, ``90s`` or ``2d``
+(catalog/spec.py); ``hash`` marks the fields of the definition (a change of them is a new
+definition, which unparks).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -50,6 +58,7 @@ from ..catalog.bounds import (
     MAX_TP,
     MAX_WAIT_S,
 )
+from ..catalog.spec import DURATION_RE
 
 # What a client can put in "model" and the router can route: no spaces, no leading slash.
 MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*(/[A-Za-z0-9._:@+-]+)*$"
@@ -121,16 +130,19 @@ class Autoscale(Frozen):
     """How a model with a replica range is scaled (docs/autoscaling.md)."""
 
     wait_target_s: float = Field(default=2.0, gt=0, le=MAX_WAIT_S, description=(
-        "scale up when requests wait longer than this (p90) ..."), json_schema_extra=Meta(bound="MAX_WAIT_S"))
+        "scale up when requests wait longer than this (p90) ..."), json_schema_extra=Meta(
+        bound="MAX_WAIT_S", duration=True))
     up_after_s: float = Field(default=30.0, gt=0, le=MAX_AUTOSCALE_WINDOW_S, description=(
         "... for this long (or are refused for capacity)"),
-        json_schema_extra=Meta(bound="MAX_AUTOSCALE_WINDOW_S"))
+        json_schema_extra=Meta(bound="MAX_AUTOSCALE_WINDOW_S", duration=True))
     busy_below: float = Field(default=0.3, gt=0, lt=1, description=(
         "scale down when under this share of the slots is busy ..."))
     down_after_s: float = Field(default=300.0, gt=0, le=MAX_AUTOSCALE_WINDOW_S, description=(
-        "... for this long, nothing waiting"), json_schema_extra=Meta(bound="MAX_AUTOSCALE_WINDOW_S"))
+        "... for this long, nothing waiting"), json_schema_extra=Meta(
+        bound="MAX_AUTOSCALE_WINDOW_S", duration=True))
     cooldown_s: float = Field(default=60.0, gt=0, le=MAX_AUTOSCALE_WINDOW_S, description=(
-        "at least this long between two steps"), json_schema_extra=Meta(bound="MAX_AUTOSCALE_WINDOW_S"))
+        "at least this long between two steps"), json_schema_extra=Meta(
+        bound="MAX_AUTOSCALE_WINDOW_S", duration=True))
 
 
 class MaxTokens(Frozen):
@@ -210,19 +222,21 @@ class ModelSpec(RouteFields):
     idle_stop_after_s: float | None = Field(None, gt=0, le=MAX_IDLE_STOP_AFTER_S,
                                             description=(
         "an on-demand model's replicas stop after this long unused"), json_schema_extra=Meta(
-        bound="MAX_IDLE_STOP_AFTER_S", catalog_name="idle_stop_after",
-        catalog={"type": ["string", "number"],
-                 "description": "30m, 1h, 90s, 2d or a number of seconds"}))
+        bound="MAX_IDLE_STOP_AFTER_S", catalog_name="idle_stop_after", duration=True))
     args: tuple[Annotated[str, Field(max_length=MAX_ARG_CHARS)], ...] = Field(
         (), max_length=MAX_ARGS, strict=False, description=(
             "engine arguments, a list like [\"--ctx-size\", \"8192\"]"),
-        json_schema_extra=Meta(bound="MAX_ARGS", hash=True))
+        json_schema_extra=Meta(bound="MAX_ARGS", hash=True, catalog={
+            "type": "array", "maxItems": MAX_ARGS, "items": {   # a number is read as text
+                "type": ["string", "number"], "maxLength": MAX_ARG_CHARS}}))
     strategy: Strategy = Field("binpack", description=(
         "binpack: fill busy nodes first; spread: replicas on different nodes"), json_schema_extra=Meta(
         unknown="use binpack (fill busy nodes first, the default) or spread (replicas on "
                 "different nodes)"))
     sha256: str | None = Field(None, pattern=SHA256_RE, description=(
-        "checked after a download (https:// and file:// sources)"), json_schema_extra=Meta(hash=True))
+        "checked after a download (https:// and file:// sources)"), json_schema_extra=Meta(
+        hash=True, catalog={"anyOf": [{"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
+                                      {"type": "null"}]}))    # stored in lower case
     size_bytes: int | None = Field(None, ge=1, le=MAX_SIZE_BYTES, description=(
         "checked after a download (https:// and file:// sources)"), json_schema_extra=Meta(
         bound="MAX_SIZE_BYTES", hash=True))
@@ -288,19 +302,58 @@ def catalog_names(cls: type[BaseModel] = ModelSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
-def catalog_schema() -> dict[str, Any]:
-    """The JSON Schema of one catalog entry as the catalog writes it (the OpenAPI of the
-    catalog endpoints)."""
-    schema = ModelSpec.model_json_schema(by_alias=True)
+# A duration as the catalog may write it (catalog/spec.py parse_duration), beside its number.
+DURATION_FORM = {"type": "string", "maxLength": 32, "pattern": DURATION_RE.pattern,
+                 "description": "30m, 1h, 90s or 2d"}
+
+
+def nested_models(cls: type[BaseModel] = ModelSpec) -> dict[str, type[BaseModel]]:
+    """The classes of the fields of ``cls`` that are entries of their own (``Profile``,
+    ``Autoscale``, ``MaxTokens``), by name, theirs included."""
+    out: dict[str, type[BaseModel]] = {}
+    for info in cls.model_fields.values():
+        for kind in (info.annotation, *typing.get_args(info.annotation)):
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                out[kind.__name__] = kind
+                out.update(nested_models(kind))
+    return out
+
+
+def _catalog_form(cls: type[BaseModel], schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (pydantic's, of ``cls``) with each field named and typed as the catalog
+    writes it: its ``catalog`` form (None: left out), ``catalog_name`` and ``duration``
+    metadata applied; its description and default kept."""
+    by_alias = {info.alias or name: name for name, info in cls.model_fields.items()}
     props: dict[str, Any] = {}
-    for name, prop in schema["properties"].items():
-        meta = extra(ModelSpec, name)
+    for key, prop in schema["properties"].items():
+        meta = extra(cls, by_alias[key])
+        kept = {k: prop[k] for k in ("description", "default") if k in prop}
         if "catalog" in meta:
             if meta["catalog"] is None:
                 continue
-            prop = {**meta["catalog"], "description": prop.get("description", "")}
-        props[meta.get("catalog_name", name)] = prop
-    schema["properties"] = props
+            prop = {**meta["catalog"], **kept}
+        if meta.get("duration"):
+            core = {k: v for k, v in prop.items() if k not in ("description", "default",
+                                                                "title")}
+            prop = {"anyOf": [*core.pop("anyOf", [core]), dict(DURATION_FORM)], **kept}
+        props[meta.get("catalog_name", key)] = prop
+    names = {key: extra(cls, name).get("catalog_name", key) for key, name in by_alias.items()}
+    out = {**schema, "properties": props}
+    if "required" in schema:
+        out["required"] = [names[k] for k in schema["required"]]
+    return out
+
+
+def catalog_schema() -> dict[str, Any]:
+    """The JSON Schema of one catalog entry as the catalog writes it (the OpenAPI of the
+    catalog endpoints): every field of :class:`ModelSpec` and of its nested entries (in
+    ``$defs``) with its form in the catalog. Rules across fields (``tp x pp``, a range and
+    ``on_demand``, ``max_tokens.default`` at most its ``max``) are catalog/parse.py's."""
+    schema = _catalog_form(ModelSpec, ModelSpec.model_json_schema(by_alias=True))
+    defs = schema.get("$defs", {})
+    for name, cls in nested_models().items():
+        defs[name] = _catalog_form(cls, defs[name])
+    schema["title"] = "CatalogEntry"
     schema["description"] = ("one model; catalog/parse.py checks every field and "
                              "api/catalog.py defines it (docs/catalog.md)")
     return schema

@@ -16,7 +16,8 @@ from typing import Any
 import pydantic
 from pydantic.json_schema import models_json_schema
 
-from . import admin, agent, router, usage
+from ..catalog.bounds import MAX_MODELS
+from . import admin, agent, catalog, router, usage
 from .fields import MAX_NAME
 
 REF = "#/components/schemas/{model}"
@@ -116,24 +117,11 @@ CONTROL_ROUTES = (
           errors=(401,), extra={"security": [{}, {"metrics": []}]}),
 )
 
-_CATALOG_ENTRY = {
-    "type": "object", "required": ["name", "source", "engine", "profile"],
-    "properties": {
-        "name": {"type": "string", "maxLength": MAX_NAME},
-        "source": {"type": "string"}, "engine": {"enum": ["llama.cpp", "vllm"]},
-        "profile": {"type": "object"}, "replicas": {"type": "integer", "minimum": 0},
-        "on_demand": {"type": "boolean"}, "idle_stop_after": {"type": ["string", "number"]},
-        "args": {"type": "array", "items": {"type": "string"}},
-        "strategy": {"enum": ["binpack", "spread"]}, "sha256": {"type": "string"},
-        "size_bytes": {"type": "integer", "minimum": 0},
-        "routing": {"enum": ["prefix-affinity", "least-outstanding"]},
-        "slots": {"type": "integer", "minimum": 1, "maximum": 4096},
-        "max_queue": {"type": "integer", "minimum": 0},
-        "max_wait_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}},
-    "description": "one model; llmgw_runtime/catalog.py checks every field (docs/catalog.md)"}
 RAW: dict[str, Any] = {
-    "Catalog": {"type": "object", "required": ["models"],
-                "properties": {"models": {"type": "array", "items": _CATALOG_ENTRY}}},
+    "Catalog": {"type": "object", "required": ["models"], "additionalProperties": False,
+                "properties": {"models": {"type": "array", "maxItems": MAX_MODELS,
+                                          "items": {"$ref": REF.format(model="CatalogEntry")}}},
+                "description": "a catalog: models, a list of entries (docs/catalog.md)"},
     "NodeReset": {"type": "object", "required": ["node", "credential"], "properties": {
         "node": {"type": "string"}, "credential": {"type": "null"}}},
     "NodeDeleted": {"type": "object", "required": ["deleted"], "properties": {
@@ -159,6 +147,16 @@ def _status_schema() -> dict[str, Any]:
         doc.pop(key, None)
     defs = doc.pop("$defs", {})
     return {"Status": doc, **{f"Status_{k}": v for k, v in defs.items()}}
+
+
+def _catalog_entry_schema() -> dict[str, Any]:
+    """One catalog entry as the catalog writes it, generated from its one definition
+    (api/catalog.py ``catalog_schema``), its ``$defs`` (the nested entries: profile,
+    autoscale, max_tokens) moved into components as ``CatalogEntry_<name>``."""
+    text = json.dumps(catalog.catalog_schema())
+    doc = json.loads(text.replace('"#/$defs/', '"#/components/schemas/CatalogEntry_'))
+    defs = doc.pop("$defs", {})
+    return {"CatalogEntry": doc, **{f"CatalogEntry_{k}": v for k, v in defs.items()}}
 
 
 def _schemas(messages: list[type[pydantic.BaseModel]]) -> dict[str, Any]:
@@ -219,6 +217,7 @@ def control_document(version: str) -> dict[str, Any]:
     bearer = {"type": "http", "scheme": "bearer"}
     schemas = _schemas(_messages(CONTROL_ROUTES, admin.Error))
     schemas.update(RAW)
+    schemas.update(_catalog_entry_schema())
     schemas.update(_status_schema())
     return {
         "openapi": "3.1.0",
