@@ -1,7 +1,7 @@
 """llmgw.cluster.llmgw_model through real ansible-playbook runs against a real control
 service: create, idempotence, update with diff, check mode, delete, server refusals; every
-catalog field (a replicas range, autoscale, routing, aliases, fallback, ...) applied and
-compared as the server stores it."""
+catalog field (a replicas range, autoscale, routing, aliases, fallback, max_tokens, ...)
+applied and compared as the server stores it."""
 
 from __future__ import annotations
 
@@ -144,7 +144,8 @@ RANGE_AND_AUTOSCALE: dict[str, Any] = {
                   "down_after_s": "15m", "cooldown_s": 90},
     "routing": "least-outstanding", "slots": 4, "max_queue": 10, "max_wait_s": 20,
     "aliases": ["gpt-4o-mini", "small-chat"], "fallback": ["other"], "strategy": "spread",
-    "sha256": "AB" * 32, "size_bytes": 1234}
+    "sha256": "AB" * 32, "size_bytes": 1234,
+    "max_tokens": {"default": 256, "max": 4096, "clamp": True}}
 
 
 def other_model(playbook: Playbook) -> None:
@@ -170,10 +171,12 @@ def test_every_catalog_field_is_applied_and_a_second_run_changes_nothing(
                                   "busy_below": 0.25, "down_after_s": 900.0,
                                   "cooldown_s": 90.0}
     assert {k: model[k] for k in ("routing", "slots", "max_queue", "max_wait_s", "aliases",
-                                  "fallback", "strategy", "sha256", "size_bytes")} == {
+                                  "fallback", "strategy", "sha256", "size_bytes",
+                                  "max_tokens")} == {
         "routing": "least-outstanding", "slots": 4, "max_queue": 10, "max_wait_s": 20.0,
         "aliases": ["gpt-4o-mini", "small-chat"], "fallback": ["other"],
-        "strategy": "spread", "sha256": "ab" * 32, "size_bytes": 1234}
+        "strategy": "spread", "sha256": "ab" * 32, "size_bytes": 1234,
+        "max_tokens": {"default": 256, "max": 4096, "clamp": True}}
     assert first["model"]["replicas_max"] == 3
     batch = stored(playbook, "batch")
     assert (batch["replicas"], batch["replicas_max"], batch["on_demand"]) == (0, 3, True)
@@ -181,6 +184,26 @@ def test_every_catalog_field_is_applied_and_a_second_run_changes_nothing(
     assert second["changed"] is False and second["changed_fields"] == [], second
     assert second["diff"]["before"] == second["diff"]["after"]
     assert second_batch["changed"] is False, second_batch
+
+
+def test_max_tokens_is_created_compared_with_its_defaults_and_changed(
+        playbook: Playbook) -> None:
+    capped = model_task(max_tokens={"max": 4096})
+
+    first, second, clamped, again, lifted = playbook.run(
+        capped, {**capped, "diff": True},
+        model_task(max_tokens={"max": 4096, "clamp": True}),
+        model_task(max_tokens={"max": 4096, "clamp": True}),
+        model_task())
+
+    assert first["changed"] is True
+    assert first["model"]["max_tokens"] == {"default": None, "max": 4096, "clamp": False}
+    assert second["changed"] is False and second["changed_fields"] == [], second
+    assert second["diff"]["before"] == second["diff"]["after"]
+    assert clamped["changed_fields"] == ["max_tokens"]
+    assert again["changed"] is False, again
+    assert lifted["changed_fields"] == ["max_tokens"]
+    assert stored(playbook, "qwen")["max_tokens"] is None
 
 
 def test_a_changed_range_is_reported_and_applied(playbook: Playbook) -> None:
@@ -224,6 +247,8 @@ def test_a_bad_value_is_refused_with_the_servers_message(playbook: Playbook) -> 
         "routing 'sticky' is unknown": {"routing": "sticky"},
         "fallback nope is not a model of the catalog": {"fallback": ["nope"]},
         "alias other is already the name of model other": {"aliases": ["other"]},
+        "max_tokens default (5000) is above max (100); lower the default or raise the max": {
+            "replicas": {"min": 0, "max": 3}, "max_tokens": {"default": 5000, "max": 100}},
     }
 
     results = playbook.run(*({**model_task(**fields), "ignore_errors": True}
@@ -234,5 +259,5 @@ def test_a_bad_value_is_refused_with_the_servers_message(playbook: Playbook) -> 
         assert why in result["msg"], (why, result["msg"])
     model = stored(playbook, "qwen")
     assert (model["replicas"], model["replicas_max"], model["on_demand"]) == (0, 3, True)
-    assert (model["routing"], model["fallback"], model["aliases"]) == (
-        "prefix-affinity", [], [])
+    assert (model["routing"], model["fallback"], model["aliases"], model["max_tokens"]) == (
+        "prefix-affinity", [], [], None)

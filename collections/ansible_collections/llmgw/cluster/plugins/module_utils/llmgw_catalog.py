@@ -2,14 +2,18 @@
 """Pure functions: one catalog entry as declared, as the server stores it, and the difference.
 
 The entry sent to the server holds only the fields the task declares; the server fills the
-rest with its defaults (llmgw_runtime/catalog.py, catalog_scale.py) and stores some fields in
-another form than the catalog writes them:
+rest with its defaults and stores some fields in another form than the catalog writes them
+(the one definition of every field, its default and its catalog form is
+llmgw_runtime/api/catalog.py; this collection runs where llmgw_runtime is not installed, so
+the names and defaults below are literals, which tests/collection/test_llmgw_model_fields.py
+checks against that definition):
 
 - ``replicas`` ``N`` or ``{min, max}``: ``replicas`` (the min), ``replicas_max`` (the max,
   null when fixed or equal to the min) and ``on_demand`` (true as well when the min is 0);
 - ``idle_stop_after`` ``30m``: ``idle_stop_after_s`` 1800.0;
 - ``autoscale``: every setting, in seconds, defaults filled in, for a model whose range
   leaves room to scale; null otherwise;
+- ``max_tokens``: every setting, defaults filled in (``{}`` is stored as every default);
 - ``sha256`` in lower case, ``max_wait_s`` as a float, ``args`` as strings.
 
 ``declared()`` puts the task's fields in that form and ``stored()`` reads the server's model
@@ -24,21 +28,25 @@ import re
 # The fields compared, in the order a diff shows them: the server's names and forms.
 FIELDS = ("name", "source", "engine", "profile", "replicas", "replicas_max", "on_demand",
           "idle_stop_after_s", "autoscale", "args", "strategy", "sha256", "size_bytes",
-          "routing", "slots", "max_queue", "max_wait_s", "aliases", "fallback")
+          "routing", "slots", "max_queue", "max_wait_s", "aliases", "fallback", "max_tokens")
 # The entry's optional fields, sent only when the task sets them.
 OPTIONAL = ("replicas", "on_demand", "idle_stop_after", "autoscale", "args", "strategy",
             "sha256", "size_bytes", "routing", "slots", "max_queue", "max_wait_s", "aliases",
-            "fallback")
-# What the server stores for a field the entry leaves out (catalog.py ModelSpec); also what a
-# control service older than a field is taken to hold.
+            "fallback", "max_tokens")
+# What the server stores for a field the entry leaves out (api/catalog.py ModelSpec); also
+# what a control service older than a field is taken to hold.
 DEFAULTS = {"replicas": 1, "replicas_max": None, "on_demand": False,
             "idle_stop_after_s": None, "autoscale": None, "args": [], "strategy": "binpack",
             "sha256": None, "size_bytes": None, "routing": "prefix-affinity", "slots": None,
-            "max_queue": 100, "max_wait_s": 30.0, "aliases": [], "fallback": []}
-# autoscale's settings and defaults (catalog_scale.py Autoscale); all but busy_below are
+            "max_queue": 100, "max_wait_s": 30.0, "aliases": [], "fallback": [],
+            "max_tokens": None}
+# autoscale's settings and defaults (api/catalog.py Autoscale); all but busy_below are
 # durations.
 AUTOSCALE_DEFAULTS = {"wait_target_s": 2.0, "up_after_s": 30.0, "busy_below": 0.3,
                       "down_after_s": 300.0, "cooldown_s": 60.0}
+# max_tokens' settings and defaults (api/catalog.py MaxTokens).
+MAX_TOKENS_DEFAULTS = {"default": None, "max": None, "clamp": False}
+# profile's sizes, each 1 by default (api/catalog.py Profile).
 PROFILE_SIZES = ("gpus", "tp", "pp", "nodes")
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
@@ -129,6 +137,20 @@ def autoscale_fields(raw, replicas, replicas_max, on_demand):
     return out
 
 
+def max_tokens_fields(raw):
+    """``max_tokens`` as the server stores it: every setting with the defaults filled in,
+    None when not set. A mapping with a setting the module does not know, or that is not a
+    mapping, stays as it is: no stored model has that form, so it is sent and the server
+    says why."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - set(MAX_TOKENS_DEFAULTS):
+        return raw
+    out = dict(MAX_TOKENS_DEFAULTS)
+    out.update(raw)
+    return out
+
+
 def normal_profile(profile):
     """A profile with the server's defaults filled in and unset options dropped."""
     profile = dict(profile or {})
@@ -159,8 +181,9 @@ def declared(params):
             entry[key] = params[key]
     if "replicas" in entry:
         entry["replicas"] = replicas_value(entry["replicas"])
-    if isinstance(entry.get("autoscale"), dict):
-        entry["autoscale"] = {k: v for k, v in entry["autoscale"].items() if v is not None}
+    for key in ("autoscale", "max_tokens"):
+        if isinstance(entry.get(key), dict):
+            entry[key] = {k: v for k, v in entry[key].items() if v is not None}
     if "args" in entry:
         entry["args"] = [str(a) for a in entry["args"]]
     return entry, comparable(entry)
@@ -181,6 +204,7 @@ def comparable(entry):
     if isinstance(fields["sha256"], str):
         fields["sha256"] = fields["sha256"].lower()
     fields["max_wait_s"] = _float(fields["max_wait_s"])
+    fields["max_tokens"] = max_tokens_fields(entry.get("max_tokens"))
     for key in ("args", "aliases", "fallback"):
         fields[key] = list(fields[key])
     return fields

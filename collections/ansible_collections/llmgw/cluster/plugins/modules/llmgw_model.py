@@ -16,12 +16,11 @@ description:
     C(PUT /api/v1/catalog) with a catalog that holds just this model. That call upserts; it
     never deletes other models.
   - "The comparison is made in the form the server stores. The fields left out take the
-    server's defaults (profile C(gpus), C(tp), C(pp) and C(nodes) 1, O(replicas) 1,
-    O(on_demand) false, O(strategy) C(binpack), O(routing) C(prefix-affinity),
-    O(max_queue) 100, O(max_wait_s) 30, the O(autoscale) settings' defaults for a model
-    that scales, no O(args), O(aliases) or O(fallback)). A O(replicas) range is compared as
-    the stored C(replicas) (its min), C(replicas_max) and C(on_demand); durations are
-    compared in seconds. A task run twice reports no change the second time."
+    server's defaults, which each option names (the O(autoscale) settings' defaults for a
+    model that scales; no O(args), O(aliases), O(fallback) or O(max_tokens)). A O(replicas)
+    range is compared as the stored C(replicas) (its min), C(replicas_max) and
+    C(on_demand); durations are compared in seconds; a O(max_tokens) mapping with every
+    setting, its defaults filled in. A task run twice reports no change the second time."
   - The fields and their rules are the catalog's (C(docs/catalog.md) of the llmgw
     repository); the module types them and the server validates them.
   - O(state=absent) sends C(DELETE /api/v1/models/<name>) when the model exists.
@@ -265,6 +264,39 @@ options:
     type: list
     elements: str
     version_added: "0.2.0"
+  max_tokens:
+    description:
+      - "The model's cap on the tokens one answer may generate, C({default: N, max: M,
+        clamp: false}); every setting is optional. Not set, requests reach the engine as
+        they are."
+      - A chat or text completion request that sets no C(max_tokens) (nor, for chat,
+        C(max_completion_tokens)) gets O(max_tokens.default); one that asks for more than
+        O(max_tokens.max) is refused with HTTP 400 naming the cap, or lowered to it with
+        O(max_tokens.clamp=true). Embeddings, C(/v1/responses) and C(/v1/messages) pass as
+        they are (C(docs/routing.md) of the llmgw repository).
+      - "Compared with every setting filled in, so C({max: 4096}) and a stored
+        C({default: null, max: 4096, clamp: false}) are the same. C(docs/catalog.md) of the
+        llmgw repository describes it."
+    type: dict
+    version_added: "0.3.0"
+    suboptions:
+      default:
+        description:
+          - The tokens a request that does not say gets, 1 to 10000000; at most
+            O(max_tokens.max) when both are set.
+          - When not given, none (the engine's own default).
+        type: int
+      max:
+        description:
+          - The most tokens a request may ask for, 1 to 10000000.
+          - When not given, no cap.
+        type: int
+      clamp:
+        description:
+          - Lower a request above O(max_tokens.max) to it instead of refusing it with
+            HTTP 400.
+          - The server's default is false.
+        type: bool
 """
 
 EXAMPLES = r"""
@@ -344,6 +376,19 @@ EXAMPLES = r"""
   delegate_to: localhost
   run_once: true
 
+- name: Answers of at most 4096 tokens, 512 when the request does not say
+  llmgw.cluster.llmgw_model:
+    name: summarizer
+    source: file:///srv/models/qwen2.5-7b-instruct-q4_k_m.gguf
+    engine: llama.cpp
+    profile: {class: a100-80g}
+    max_tokens:
+      default: 512
+      max: 4096
+      clamp: true     # a request above 4096 is lowered to it, not refused
+  delegate_to: localhost
+  run_once: true
+
 - name: Remove a model
   llmgw.cluster.llmgw_model:
     control_url: https://ctl1.example.net:8470
@@ -383,6 +428,7 @@ model:
     max_wait_s: 30.0
     aliases: [qwen]
     fallback: []
+    max_tokens: {default: 512, max: 4096, clamp: false}
     state: starting
     reason: null
     ready: 0
@@ -463,6 +509,8 @@ def argument_spec():
         max_wait_s=dict(type="float"),
         aliases=dict(type="list", elements="str"),
         fallback=dict(type="list", elements="str"),
+        max_tokens=dict(type="dict", options=dict(
+            default=dict(type="int"), max=dict(type="int"), clamp=dict(type="bool"))),
     )
 
 
