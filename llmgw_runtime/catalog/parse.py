@@ -388,5 +388,5 @@ def validate(document: Any) -> list[ModelSpec]:
 
 def parse(text: str) -> list[ModelSpec]:
     """Parse catalog YAML (JSON is YAML too) and validate it. The text is read within the
-    bounds of catalog_bounds.load_yaml (size, nesting, alias expansion)."""
+    bounds of catalog/bounds.load_yaml (size, nesting, alias expansion)."""
     return validate(load_yaml(text))

@@ -89,7 +89,7 @@ def replicas_value(value):
 
 def replica_fields(value, on_demand):
     """(replicas, replicas_max, on_demand) as the server stores ``replicas: value`` with
-    ``on_demand`` (None: not set); the rule of catalog_scale.replicas_of. A combination the
+    ``on_demand`` (None: not set); the rule of llmgw_runtime/catalog/scale.replicas_of. A combination the
     server refuses keeps the raw value as ``replicas``, which no stored model has."""
     said = on_demand
     if isinstance(value, bool):     # yes/no: refused, and True would equal 1
