@@ -15,16 +15,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+
+from ..api.router import Endpoint  # a replica of the routes table (url without a final /)
 
 DOWN_COOL_DOWN_S = 30.0
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    replica_id: str
-    url: str
-    slots: int | None = None     # requests it serves at once; None: unknown, not limited
 
 
 class Balancer:

@@ -23,7 +23,8 @@ from typing import Any, NamedTuple, Protocol
 
 import gevent
 
-from .balancer import Balancer, Endpoint
+from ..api.router import Endpoint
+from .balancer import Balancer
 from .errors import ReplicasUnreachable, UpstreamError
 from .http.client import Answer, BrokeOff, Closed, FailedBeforeAnswer, Malformed, Pools, Unreachable
 from .http.errors import StreamBroken

@@ -28,13 +28,13 @@ from ..api.router import (
     ActivateRequest,
     IdleMap,
     ModelCapacity,
+    RouteModel,
     Routes,
     Unreachable,
 )
 from ..api.transport import RemoteError, Transport
 from ..api.usage import UsageAck, UsageReport
 from ..errors import LlmgwError
-from .balancer import Endpoint
 from .tables.limits import KeyLimit
 from .tables.slots import FILE_ENV, stable_hash
 
@@ -56,25 +56,8 @@ def router_instance() -> str:
 
 
 @dataclass(frozen=True)
-class ModelRoute:
-    name: str
-    state: str
-    reason: str | None
-    on_demand: bool
-    endpoints: tuple[Endpoint, ...]
-    failures: int = 0                    # the current start streak (api.router.RouteModel)
-    last_error: str | None = None
-    retry_after_s: float | None = None   # when the table was fetched
-    routing: str = "prefix-affinity"     # or "least-outstanding" (docs/routing.md)
-    max_queue: int = 100                 # requests waiting for a slot in this router
-    max_wait_s: float = 30.0             # how long one may wait
-    fallback: tuple[str, ...] = ()       # models to try when it cannot serve (in order)
-    engine: str | None = None            # llama.cpp, vllm (named in errors)
-
-
-@dataclass(frozen=True)
 class RoutesTable:
-    models: dict[str, ModelRoute]
+    models: dict[str, RouteModel]   # the messages as control sent them (urls normalised)
     api_key_hashes: frozenset[str]
     fetched_at: float
     first_seen: dict[str, int] = field(default_factory=dict)  # model -> Unix s, for "created"
@@ -110,13 +93,7 @@ def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> Ro
         except pydantic.ValidationError as exc:
             raise ValueError("the routes answer is malformed: "
                              + "; ".join(problems(exc)[:5])) from None
-    models: dict[str, ModelRoute] = {}
-    for m in doc.models:
-        eps = tuple(Endpoint(e.replica_id, e.url.rstrip("/"), e.slots) for e in m.endpoints)
-        models[m.name] = ModelRoute(m.name, str(m.state), m.reason, m.on_demand, eps,
-                                    m.failures, m.last_error, m.retry_after_s,
-                                    m.routing, m.max_queue, m.max_wait_s, tuple(m.fallback),
-                                    m.engine)
+    models = {m.name: _without_trailing_slash(m) for m in doc.models}
     hashes = frozenset(doc.api_key_hashes)
     old = previous.first_seen if previous else {}
     first_seen = {name: old.get(name, int(now)) for name in models}
@@ -134,6 +111,16 @@ def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> Ro
                        aliases,
                        key_limits={h: KeyLimit(lim.name, lim.rpm, lim.tpm)
                                    for h, lim in doc.key_limits.items()})
+
+
+def _without_trailing_slash(m: RouteModel) -> RouteModel:
+    """``m`` itself, or when an endpoint's URL ends in "/" (the table allows it) a copy
+    with that URL without it: the router appends the path to the URL as it is."""
+    if not any(e.url.endswith("/") for e in m.endpoints):
+        return m
+    eps = tuple(e.model_copy(update={"url": e.url.rstrip("/")}) if e.url.endswith("/")
+                else e for e in m.endpoints)
+    return m.model_copy(update={"endpoints": eps})
 
 
 class ControlError(Exception):

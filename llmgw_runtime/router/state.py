@@ -10,13 +10,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..api.router import Endpoint, RouteModel
 from ..api.states import ModelState
 from ..security import bearer, hash_token
 from ..throttle import ROUTER, Throttle, retry_after
 from .admission.affinity import prefix_key
 from .admission.gate import Gate, Lease
 from .admission.gone import client_gone
-from .balancer import Balancer, Endpoint
+from .balancer import Balancer
 from .config import RouterConfig
 from .errors import (
     InvalidApiKey,
@@ -37,7 +38,6 @@ from .routes import (
     ControlClient,
     ControlError,
     ControlRefused,
-    ModelRoute,
     RoutesCache,
     RoutesTable,
 )
@@ -193,7 +193,7 @@ class RouterState:
             return table
         return self.routes.refresh_since(time.time()) or table
 
-    def resolve(self, model: str, table: RoutesTable) -> ModelRoute:
+    def resolve(self, model: str, table: RoutesTable) -> RouteModel:
         """The model's route with at least one usable endpoint (not marked down), activating
         and waiting if needed; refused at once when parked, unplaceable or failing."""
         route = table.models.get(model)
@@ -241,7 +241,7 @@ class RouterState:
                             + "); retry later, `llmgw ctl status` shows its progress",
                             param="model")
 
-    def _refuse_down(self, model: str, route: ModelRoute) -> None:
+    def _refuse_down(self, model: str, route: RouteModel) -> None:
         down = [f"{e.replica_id} ({e.url}): {why}" for e in route.endpoints
                 if (why := self.balancer.down(e.replica_id))]
         raise UpstreamError(f"no replica of model '{model}' can be reached from this router: "
@@ -249,7 +249,7 @@ class RouterState:
                             "ready; retry shortly, `llmgw ctl status` shows the replicas' "
                             "state")
 
-    def forward(self, environ: dict[str, Any], model: str, route: ModelRoute, path: str,
+    def forward(self, environ: dict[str, Any], model: str, route: RouteModel, path: str,
                 body: bytes, doc: dict[str, Any], table: RoutesTable) -> Answered:
         """Proxy to the route's replicas, each request admitted to a slot first
         (admission/gate.py).
@@ -272,7 +272,7 @@ class RouterState:
         return answer if meter is None else meter.observe(answer, model, path)
 
     def _admitter(self, environ: dict[str, Any], model: str, doc: dict[str, Any],
-                  table: RoutesTable) -> Callable[[ModelRoute], Admit]:
+                  table: RoutesTable) -> Callable[[RouteModel], Admit]:
         """What admits this request to a slot of a route's endpoints: its API key (the
         fairness key), the key's priority, its prefix key when the model routes by
         prefix affinity, and a check that its client is still there."""
@@ -280,7 +280,7 @@ class RouterState:
         priority = table.key_priorities.get(key_id, "normal")
         gate = self.gate
 
-        def for_route(route: ModelRoute) -> Admit:
+        def for_route(route: RouteModel) -> Admit:
             prefix = (prefix_key(doc, environ.get("PATH_INFO"))
                       if route.routing == "prefix-affinity" else None)
 

@@ -11,13 +11,13 @@ import threading
 import time
 from collections.abc import Sequence
 
+from llmgw_runtime.api.router import Endpoint
 from llmgw_runtime.router.admission.gate import IDLE_POLL_S, POLL_S, Gate
-from llmgw_runtime.router.balancer import Endpoint
 from llmgw_runtime.router.metrics import RouterMetrics
 from llmgw_runtime.router.tables.homes import Homes
 from llmgw_runtime.router.tables.slots import LocalSlots
 
-ONE = [Endpoint("r-1", "http://127.0.0.1:1", slots=1)]
+ONE = [Endpoint(replica_id="r-1", url="http://127.0.0.1:1", slots=1)]
 
 
 class OtherWorker(LocalSlots):

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_runtime.api.router import IdleMap
+from llmgw_runtime.api.router import Endpoint, IdleMap
 from llmgw_runtime.router import routes
 from llmgw_runtime.router.admission.gate import Gate
-from llmgw_runtime.router.balancer import Endpoint
 from llmgw_runtime.router.metrics import RouterMetrics
 from llmgw_runtime.router.tables.slots import (
     FILE_ENV,
@@ -22,7 +21,7 @@ from llmgw_runtime.router.tables.slots import (
     create_file,
 )
 
-EPS = (Endpoint("r1", "http://e:1", 3),)
+EPS = (Endpoint(replica_id="r1", url="http://e:1", slots=3),)
 
 
 class Clock:
@@ -58,7 +57,7 @@ def test_the_peak_of_busy_slots_is_reported_after_requests_ended() -> None:
 def test_a_request_still_waiting_reports_how_long_it_has_waited() -> None:
     clock = Clock()
     g = gate(clock=clock)
-    one = (Endpoint("r1", "http://e:1", 1),)
+    one = (Endpoint(replica_id="r1", url="http://e:1", slots=1),)
     held = admit(g, one)
     got: list[object] = []
     waiter = threading.Thread(target=lambda: got.append(admit(g, one)))

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from llmgw_runtime.api.router import Endpoint
 from llmgw_runtime.router.admission.gate import Gate
-from llmgw_runtime.router.balancer import Endpoint
 from llmgw_runtime.router.config import RouterConfig
 from llmgw_runtime.router.errors import ModelAtCapacity
 from llmgw_runtime.router.metrics import RouterMetrics
@@ -114,7 +114,7 @@ def test_a_holder_stopped_for_seconds_keeps_the_lock_and_nothing_is_over_admitte
     monkeypatch.setattr(slots, "_last_warned", -slots.WARN_EVERY_S)   # warns again
     path = create_file(str(tmp_path), workers=2)
     gate = _gate(SharedSlots(path, 0))
-    eps = (Endpoint("r1", "http://e:1", 2),)
+    eps = (Endpoint(replica_id="r1", url="http://e:1", slots=2),)
     ready = FORK.Event()
     go_read, go = os.pipe()        # (an Event's set() would wait for the stopped waiter)
     holder = FORK.Process(target=_check_then_take, args=(path, 1, 2, ready, go_read))
@@ -325,7 +325,7 @@ def _gate(counts: slots.SlotCounts, share_parts: tuple[int, int] = (1, 1)) -> Ga
 def test_two_workers_gates_never_exceed_a_replicas_slots_together(tmp_path: Path) -> None:
     path = create_file(str(tmp_path), workers=2)
     one, two = _gate(SharedSlots(path, 0)), _gate(SharedSlots(path, 1))
-    eps = (Endpoint("r1", "http://e:1", 2),)
+    eps = (Endpoint(replica_id="r1", url="http://e:1", slots=2),)
     args = ("m", eps, "-", "normal", None, 0, 30.0)
     held = [one.admit(*args), two.admit(*args)]          # type: ignore[arg-type]
     assert all(lease is not None for lease in held)
@@ -340,7 +340,7 @@ def test_two_workers_gates_never_exceed_a_replicas_slots_together(tmp_path: Path
 
 def test_unknown_slots_never_limit_and_no_replica_asks_the_caller_to_wait() -> None:
     gate = _gate(LocalSlots())
-    eps = (Endpoint("r1", "http://e:1", None),)
+    eps = (Endpoint(replica_id="r1", url="http://e:1", slots=None),)
     leases = [gate.admit("m", eps, "-", "normal", None, 0, 30.0) for _ in range(50)]
     assert all(lease is not None for lease in leases)
     assert gate.admit("m", (), "-", "normal", None, 0, 30.0) is None
@@ -363,7 +363,7 @@ def test_capacity_and_load_are_reported_each_interval_even_with_no_idle_map() ->
     from llmgw_runtime.router.routes import RoutesCache
 
     gate = _gate(LocalSlots())
-    eps = (Endpoint("r1", "http://e:1", 1),)
+    eps = (Endpoint(replica_id="r1", url="http://e:1", slots=1),)
     assert gate.admit("m", eps, "-", "normal", None, 0, 30.0) is not None
     with pytest.raises(ModelAtCapacity):
         gate.admit("m", eps, "-", "normal", None, 0, 30.0)
@@ -383,7 +383,7 @@ def test_the_queue_bound_is_the_routers_not_each_workers(tmp_path: Path) -> None
 
     path = create_file(str(tmp_path), workers=2)
     one, two = _gate(SharedSlots(path, 0)), _gate(SharedSlots(path, 1))
-    eps = (Endpoint("r1", "http://e:1", 1),)
+    eps = (Endpoint(replica_id="r1", url="http://e:1", slots=1),)
     args = ("m", eps, "-", "normal", None, 1, 30.0)
     held = one.admit(*args)                              # type: ignore[arg-type]
     got: list[object] = []

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw_runtime.api.router import Endpoint, RouteModel, Routes
 from llmgw_runtime.errors import ConfigError
-from llmgw_runtime.router.balancer import Balancer, Endpoint
+from llmgw_runtime.router.balancer import Balancer
 from llmgw_runtime.router.config import RouterConfig
 from llmgw_runtime.router.routes import parse_table
 from llmgw_runtime.router.serve import gunicorn_options
 from llmgw_runtime.settings import load
 
-E1, E2 = (Endpoint(f"r{i}", f"http://127.0.0.1:{9000 + i}") for i in (1, 2))
+E1, E2 = (Endpoint(replica_id=f"r{i}", url=f"http://127.0.0.1:{9000 + i}") for i in (1, 2))
 
 
 def test_config_requires_control_url_and_token_and_reports_both() -> None:
@@ -69,7 +70,7 @@ def test_parse_table_keeps_first_seen_and_rejects_bad_shape() -> None:
     t1 = parse_table(doc, 100.0)
     t2 = parse_table(doc, 200.0, t1)
     assert t2.first_seen == {"m": 100}
-    assert t2.models["m"].endpoints == (Endpoint("r1", "http://h:1"),)
+    assert t2.models["m"].endpoints == (Endpoint(replica_id="r1", url="http://h:1"),)
     assert t2.api_key_hashes == frozenset({"ab" * 32})
     with pytest.raises(ValueError):
         parse_table({"nope": 1}, 0.0)
@@ -87,11 +88,24 @@ def test_parse_table_carries_slots_routing_queue_and_key_priorities() -> None:
                                      "max_wait_s": 2.5},
                                     key_priorities={"ab" * 32: "high"}), 0.0)
     route = table.models["m"]
-    assert route.endpoints == (Endpoint("r1", "http://h:1", 2),)
+    assert route.endpoints == (Endpoint(replica_id="r1", url="http://h:1", slots=2),)
     assert (route.routing, route.max_queue, route.max_wait_s) == ("least-outstanding", 0, 2.5)
     assert table.key_priorities == {"ab" * 32: "high"}
     plain = parse_table(_table_with(endpoint={"slots": None}), 0.0).models["m"]
     assert plain.endpoints[0].slots is None and plain.routing == "prefix-affinity"
+
+
+def test_the_table_keeps_the_messages_of_control_and_only_drops_a_final_slash() -> None:
+    plain = Routes.model_validate(_table_with(endpoint={"url": "http://h:1"},
+                                              model={"max_tokens": {"max": 64}}))
+    route = parse_table(plain, 0.0).models["m"]
+    assert route is plain.models[0]                      # no copy: the message itself
+    assert route.max_tokens is not None and route.max_tokens.max == 64
+    slashed = Routes.model_validate(_table_with())       # http://h:1/
+    route = parse_table(slashed, 0.0).models["m"]
+    assert isinstance(route, RouteModel) and route.endpoints[0].url == "http://h:1"
+    assert route.model_copy(update={"endpoints": slashed.models[0].endpoints}) \
+        == slashed.models[0]                             # nothing else differs
 
 
 @pytest.mark.parametrize("doc", [

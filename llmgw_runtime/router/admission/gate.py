@@ -34,8 +34,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...api.router import MAX_QUEUE, ModelCapacity
-from ..balancer import Endpoint
+from ...api.router import MAX_QUEUE, Endpoint, ModelCapacity
 from ..errors import ClientGone, ModelAtCapacity
 from ..metrics import RouterMetrics
 from ..tables.homes import Homes
@@ -192,14 +191,11 @@ class Gate:
             with self._counts.locked():
                 self._note_busy(model, sum(self._counts.totals(self._replicas.get(model,
                                                                                    ()))))
-            lease = Lease(Endpoint(outcome.replica, ""), self, core, model, self._clock(),
-                          outcome.at_home)
             endpoint = self._endpoints.get(model, {}).get(outcome.replica)
             if endpoint is None:     # its replica left the routes table while it waited
-                lease.release()
+                self._release(core, model, outcome.replica, self._clock(), outcome.at_home)
                 return None          # the caller looks at the table again
-            lease.endpoint = endpoint
-            return lease
+            return Lease(endpoint, self, core, model, self._clock(), outcome.at_home)
         assert isinstance(outcome, Rejected)
         return self._refused(core, model, outcome)
 
