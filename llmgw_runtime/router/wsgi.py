@@ -37,6 +37,7 @@ from .errors import (
     UpstreamError,
     error_body,
 )
+from .max_tokens import capped
 from .metrics import (
     PASSTHROUGH_PATHS,
     PROXIED_PATHS,
@@ -49,6 +50,7 @@ from .proxy import Answered
 from .usage import KEY_ID, METER
 
 if TYPE_CHECKING:
+    from ..api.router import RouteModel
     from .routes import RoutesTable
     from .state import RouterState
 
@@ -87,11 +89,19 @@ def _error(environ: dict[str, Any], status: int, doc: dict[str, Any], code: str,
     return Answered(status, [_JSON, ("Content-Length", str(len(body))), *headers], [body])
 
 
-def _naming(doc: dict[str, Any], model: str) -> tuple[dict[str, Any], bytes]:
-    """The request ``doc`` asking for ``model`` (by its own name: an alias resolved, a
-    fallback), and its body (ASCII escapes: lone surrogates survive)."""
-    renamed = {**doc, "model": model}
-    return renamed, json.dumps(renamed).encode()
+def _for_model(doc: dict[str, Any], body: bytes, asked: str, model: str,
+               entry: RouteModel | None, path: str) -> tuple[dict[str, Any], bytes]:
+    """The request ``doc`` (sent as ``body``, naming ``asked``) as it goes to ``model``:
+    named by its own name (an alias resolved, a fallback) and held to its max_tokens
+    (``max_tokens.py``; raises its 400), and its body, serialised again only when
+    something changed (ASCII escapes: lone surrogates survive)."""
+    changes: dict[str, Any] = {} if model == asked else {"model": model}
+    if entry is not None and entry.max_tokens is not None:
+        changes.update(capped(entry.max_tokens, path, doc, model))
+    if not changes:
+        return doc, body
+    changed = {**doc, **changes}
+    return changed, json.dumps(changed).encode()
 
 
 class ProxiedRoutes:
@@ -164,29 +174,35 @@ class ProxiedRoutes:
         if model not in table.aliases:
             table = state.table_for(model, table)
         asked, model = model, table.canonical(model)
-        if model != asked:      # an alias: the engine serves the model under its own name
-            doc, body = _naming(doc, model)
         if not table.may_use(environ[KEY_ID], model):    # outside the key's scope: absent
             state.metrics.model_named(environ, UNKNOWN_MODEL)
             raise ModelNotFound(f"model '{asked}' is not in the catalog; GET /v1/models lists "
                                 "the models this router serves", param="model")
-        state.metrics.model_named(environ, model if model in table.models else UNKNOWN_MODEL)
-        state.meter(environ, table, doc, len(body))      # the key's limits; its usage
+        entry = table.models.get(model)
+        state.metrics.model_named(environ, model if entry is not None else UNKNOWN_MODEL)
+        # The body goes as the client sent it, unless it names an alias (the engine serves
+        # the model under its own name) or the model has a max_tokens: attribute reads.
+        sent, sent_body = doc, body
+        if model != asked or (entry is not None and entry.max_tokens is not None):
+            sent, sent_body = _for_model(doc, body, asked, model, entry, path)
+        state.meter(environ, table, sent, len(sent_body))    # the key's limits; its usage
         try:
             route = state.resolve(model, table)
-            return _served(state.forward(environ, model, route, path, body, doc, table),
+            return _served(state.forward(environ, model, route, path, sent_body, sent, table),
                            path, model, route.engine)
         except (ModelParked, ModelUnplaceable, ModelAtCapacity) as exc:
-            served = self._fall_back(environ, model, exc, path, doc, table)
+            served = self._fall_back(environ, model, exc, path, doc, body, asked, table)
             if served is None:
                 raise
             return served
 
     def _fall_back(self, environ: dict[str, Any], model: str, why: RouterError, path: str,
-                   doc: dict[str, Any], table: RoutesTable) -> Answered | None:
+                   doc: dict[str, Any], body: bytes, asked: str, table: RoutesTable
+                   ) -> Answered | None:
         """The answer of the first of ``model``'s fallback models that can serve now (ready
-        replicas, within the key's scope, a slot or room in its queue), or None. One step:
-        a fallback's own fallbacks are not followed."""
+        replicas, within the key's scope, a slot or room in its queue, the request within
+        its max_tokens), or None. One step: a fallback's own fallbacks are not followed.
+        ``doc`` and ``body`` are the request as the client sent it (naming ``asked``)."""
         state = self._state
         route = table.models.get(model)
         reason = why.code.removeprefix("model_")
@@ -195,7 +211,10 @@ class ProxiedRoutes:
             if fallback is None or not table.may_use(environ[KEY_ID], other) \
                     or not state.balancer.usable(fallback.endpoints):
                 continue
-            other_doc, other_body = _naming(doc, other)
+            try:
+                other_doc, other_body = _for_model(doc, body, asked, other, fallback, path)
+            except InvalidRequest:      # above its max_tokens: it cannot serve this one
+                continue
             try:
                 answer = _served(state.forward(environ, other, fallback, path, other_body,
                                                other_doc, table), path, other, fallback.engine)

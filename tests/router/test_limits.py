@@ -91,6 +91,7 @@ def test_an_entry_is_full_again_when_its_slowest_bucket_is() -> None:
     ({}, 400, 100),
     ({"max_tokens": 50}, 400, 150),
     ({"max_completion_tokens": 50, "n": 3}, 400, 250),
+    ({"max_tokens": 50, "max_completion_tokens": 300}, 400, 400),   # the larger
     ({"max_output_tokens": 7}, 1, 8),
     ({"max_tokens": True}, 4, 1),                 # not a number of tokens
     ({"max_tokens": -5, "n": 10**6}, 4, 1),

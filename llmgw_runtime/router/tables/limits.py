@@ -123,13 +123,14 @@ def full_at(rpm_level: float, tpm_level: float, now: float, rpm: Allowance | Non
 def estimate_tokens(doc: dict[str, Any], body_bytes: int) -> int:
     """A request's tokens before the engine says: its body's bytes / 4 for the prompt,
     plus the most it may generate (``max_tokens``, ``max_completion_tokens`` or
-    ``max_output_tokens``, times ``n``), 0 when it does not say."""
+    ``max_output_tokens``, the largest when it sets several, as the model's cap counts
+    them; times ``n``), 0 when it does not say. ``doc`` is the body as forwarded: a model's
+    default max_tokens is in it already (``max_tokens.py``)."""
     out = 0
     for name in _OUTPUT_FIELDS:
         value = doc.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if isinstance(value, int) and not isinstance(value, bool) and value > out:
             out = min(value, MAX_OUTPUT_ESTIMATE)
-            break
     n = doc.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 128:
         out *= n
