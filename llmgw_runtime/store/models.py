@@ -14,7 +14,9 @@ import json
 import typing
 from typing import Any
 
-from ..api.catalog import MODEL_FIELDS, Frozen, ModelSpec
+from sqlalchemy import BigInteger, Column, Float, Integer, String, Text
+
+from ..api.catalog import MODEL_FIELDS, Frozen, ModelSpec, bounds
 
 # The columns of a row that are a spec's fields (the rest is the fleet's state of it).
 SPEC_COLUMNS = tuple(n for n in MODEL_FIELDS if n != "name")
@@ -35,6 +37,37 @@ def _is_json(name: str) -> bool:
 
 _JSON = frozenset(n for n in SPEC_COLUMNS if _is_json(n))
 _FLAGS = frozenset(n for n in SPEC_COLUMNS if _kind(n) is bool)
+
+
+def spec_columns() -> list[Column[Any]]:
+    """The ``models`` table's columns of the spec's fields (store/schema.py), derived from
+    their definitions: JSON text, 0/1 integers for flags, big integers past 2**31, floats,
+    strings of their maximum length. NOT NULL where the field has a default other than
+    None (a JSON list or value: its JSON). The migrations create the same columns."""
+    out = []
+    for name in SPEC_COLUMNS:
+        info = ModelSpec.model_fields[name]
+        kind = _kind(name)
+        limit = bounds(name).get("max_length") or bounds(name).get("le")
+        column_type: Any
+        if name in _JSON:
+            column_type = Text
+        elif name in _FLAGS:
+            column_type = Integer
+        elif kind is int:
+            column_type = BigInteger if (limit or 0) >= 2**31 else Integer
+        elif kind is float:
+            column_type = Float
+        else:
+            column_type = String(limit) if limit else Text
+        fallback = None if info.is_required() else info.get_default(call_default_factory=True)
+        if name in _JSON and fallback is not None:
+            fallback = json.dumps(list(fallback) if isinstance(fallback, tuple) else fallback)
+        elif name in _FLAGS and fallback is not None:
+            fallback = int(fallback)
+        out.append(Column(name, column_type, nullable=fallback is None and not
+                          info.is_required(), default=fallback))
+    return out
 
 
 def spec_to_row(spec: ModelSpec) -> dict[str, Any]:

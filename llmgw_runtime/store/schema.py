@@ -16,18 +16,17 @@ from sqlalchemy import (
     Text,
 )
 
+from .models import spec_columns
+
 metadata = MetaData()
 
+# A model: its catalog entry, one column per field of api/catalog.py's ModelSpec (derived
+# there: store/models.py ``spec_columns``; revisions 0001, 0003, 0008, 0010-0012, 0014 added
+# them), and the fleet's state of it.
 models = Table(
     "models", metadata,
     Column("name", String(200), primary_key=True),
-    Column("source", Text, nullable=False),
-    Column("engine", String(40), nullable=False),
-    Column("profile", Text, nullable=False),          # JSON
-    Column("replicas", Integer, nullable=False, default=1),
-    Column("on_demand", Integer, nullable=False, default=0),
-    Column("idle_stop_after_s", Float, nullable=True),
-    Column("args", Text, nullable=False, default="[]"),  # JSON
+    *spec_columns(),
     Column("definition_hash", String(64), nullable=False),
     Column("parked", Integer, nullable=False, default=0),
     Column("consecutive_failures", Integer, nullable=False, default=0),
@@ -37,36 +36,14 @@ models = Table(
     Column("placement_reason", Text, nullable=True),   # why it cannot be placed, or NULL
     Column("created", Float, nullable=False),
     Column("updated", Float, nullable=False),
-    # revision 0003
-    Column("strategy", String(20), nullable=False, default="binpack",
-           server_default="binpack"),
-    Column("sha256", String(64), nullable=True),
-    Column("size_bytes", BigInteger, nullable=True),
-    # revision 0008: admission and routing (api/catalog.py; NULL slots: from the args or the
-    # engine's default), and the last report of a router that found it at capacity
-    Column("routing", String(20), nullable=False, default="prefix-affinity",
-           server_default="prefix-affinity"),
-    Column("slots", Integer, nullable=True),
-    Column("max_queue", Integer, nullable=False, default=100, server_default="100"),
-    Column("max_wait_s", Float, nullable=False, default=30.0, server_default="30"),
+    # revision 0008: the last report of a router that found it at capacity
     Column("capacity_at", Float, nullable=True),     # store clock of the newest report
     Column("capacity", Text, nullable=True),         # JSON: store/capacity.py
-    # revision 0010: other names clients may use for it (JSON list; NULL: none)
-    Column("aliases", Text, nullable=True),
-    # revision 0011: models its requests go to when it cannot serve (JSON list; NULL: none)
-    Column("fallback", Text, nullable=True),
-    # revision 0012: autoscaling (docs/autoscaling.md). The catalog's max when replicas is
-    # a range (NULL: fixed) and its autoscale settings (JSON; NULL: not scaled); what the
-    # routers reported of its load (JSON: control/capacity.py); the reconciler's target
-    # and its state (JSON: control/autoscale.py).
-    Column("replicas_max", Integer, nullable=True),
-    Column("autoscale", Text, nullable=True),
+    # revision 0012: what the routers reported of its load (JSON: control/capacity.py); the
+    # reconciler's target and its state (JSON: control/autoscale.py).
     Column("load", Text, nullable=True),
     Column("scale_target", Integer, nullable=True),
     Column("scale_state", Text, nullable=True),
-    # revision 0014: the tokens one answer may generate (JSON {default, max, clamp}; NULL:
-    # no cap). A catalog field's column holds what store/models.py writes of it.
-    Column("max_tokens", Text, nullable=True),
 )
 
 nodes = Table(
