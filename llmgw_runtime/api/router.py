@@ -8,6 +8,7 @@ from pydantic import ConfigDict, Field
 
 from ..catalog.bounds import MAX_QUEUE_PER_MODEL as MAX_QUEUE
 from ..catalog.bounds import MAX_SLOTS_PER_REPLICA as MAX_SLOTS
+from ..catalog.bounds import MAX_WAIT_S
 from .catalog import Engine, RouteFields
 from .fields import (
     MAX_LIST,
@@ -98,7 +99,7 @@ class Routes(Answer):
 IdleSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e9)]
 
 
-QueueSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=3600)]
+QueueSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=MAX_WAIT_S)]
 
 
 class ModelCapacity(Message):

@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ...api.catalog import default
+from ...catalog.bounds import MAX_SLOTS_PER_REPLICA
 from .affinity import choose, fits, place
 from .outcome import Admitted, Reason, Rejected
 from .queue import PRIORITIES, FairQueue, Priority, Ticket
@@ -57,7 +59,7 @@ SERVICE_S_GUESS = 2.0     # a request's service time before any was measured
 SERVICE_ALPHA = 0.2       # weight of the newest service time in the moving average
 RETRY_AFTER_MAX_S = 60
 SPILL_SERVICES = 2.0      # a ticket waits for its home replica this many mean service times
-KNOWN_SLOTS = 4096        # more slots than this: unknown (api.router.MAX_SLOTS)
+KNOWN_SLOTS = MAX_SLOTS_PER_REPLICA   # more slots than this: unknown
 
 
 class Remembered(Protocol):
@@ -94,7 +96,8 @@ class Admission:
     ``max_queue``: tickets waiting per model; ``max_queue_per_key``: per API key and model
     (None: only the model's bound); ``max_wait_s``: how long a ticket may wait."""
 
-    def __init__(self, max_queue: int = 100, max_wait_s: float = 30.0,
+    def __init__(self, max_queue: int = default("max_queue"),
+                 max_wait_s: float = default("max_wait_s"),
                  max_queue_per_key: int | None = None,
                  on_decided: Callable[[Ticket], None] = _ignore) -> None:
         if max_queue < 0 or max_wait_s <= 0:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...api.router import MAX_QUEUE, Endpoint, ModelCapacity
+from ...catalog.bounds import MAX_WAIT_S
 from ..errors import ClientGone, ModelAtCapacity
 from ..metrics import RouterMetrics
 from ..tables.homes import Homes
@@ -387,8 +388,8 @@ class Gate:
 
 
 def _seconds(value: float) -> float:
-    """A wait as a report carries it: within 0 .. 3600 s."""
-    return min(max(value, 0.0), 3600.0)
+    """A wait as a report carries it: within 0 .. MAX_WAIT_S."""
+    return min(max(value, 0.0), MAX_WAIT_S)
 
 
 def _wake(ticket: Ticket) -> None:
