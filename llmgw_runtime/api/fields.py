@@ -11,7 +11,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-MAX_NAME = 200            # node, model and key names
+from ..catalog.bounds import MAX_NAME_CHARS
+
+MAX_NAME = MAX_NAME_CHARS  # node, model and key names: a catalog name's bound
 MAX_ID = 80               # replica and part ids
 MAX_TEXT = 4096           # error messages, problems, hints
 MAX_SHORT = 1024          # addresses, versions, classes, paths, process names
