@@ -136,12 +136,15 @@ class Scaling(Answer):
     note: Text
 
 
-class Model(ModelSpec):
+class Model(ModelSpec, Answer):
     """A model as the admin API shows it: its catalog entry (every field of api/catalog.py's
-    ``ModelSpec``, defaults filled in; its ``definition_hash`` is computed from them) and
-    the fleet's state of it."""
+    ``ModelSpec``, defaults filled in, and its ``definition_hash`` as stored) and the fleet's
+    state of it."""
 
     model_config = Answer.model_config
+    # The hash stored with the entry (the property ``definition_hash`` computes it from
+    # the fields; a stored one was computed alike when the entry was written).
+    stored_hash: Annotated[str, Field(alias="definition_hash", max_length=64)]
     parked: Bool
     consecutive_failures: SmallCount
     last_error: str | None = None
@@ -151,6 +154,8 @@ class Model(ModelSpec):
     created: Finite
     updated: Finite
     capacity_at: Finite | None = None
+    # The routers' last report of it at capacity (control/capacity.py), as stored.
+    capacity: dict[str, Any] | None = None
     state: Annotated[ModelState, Field(strict=False)]
     reason: str | None = None
     ready: SmallCount
@@ -167,15 +172,19 @@ class Hardware(Answer):
 
 
 class Node(Answer):
+    """A node as its last report left it. Its devices and hardware are shown as stored: a
+    row written before reports were parsed strictly may hold what the planner cannot use
+    (``problem`` says so), shown as it is rather than not at all."""
+
     name: str
     fabric: str | None = None
     address: str | None = None
     last_report: Finite | None = None
     agent_version: str | None = None
-    devices: list[DeviceReport]
+    devices: list[DeviceReport] | list[dict[str, Any]] = Field(union_mode="left_to_right")
     engines: list[str]
     weights: dict[str, Any]
-    hardware: Hardware
+    hardware: Hardware | dict[str, Any] = Field(union_mode="left_to_right")
     problem: Text | None = None
 
 
@@ -243,6 +252,21 @@ class Retried(Answer):
     model: str
     parked: Bool
     was_parked: Bool
+
+
+class NodeReset(Answer):
+    """The node's credential is gone (``credential`` is always null): its host joins again
+    with the join token."""
+
+    node: str
+    credential: None = None
+
+
+class NodeDeleted(Answer):
+    """The node deleted, and the replicas that used it (placed again elsewhere)."""
+
+    deleted: str
+    replicas: list[str] = Field(default_factory=list)
 
 
 class Health(Answer):

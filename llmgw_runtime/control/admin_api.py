@@ -6,14 +6,26 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, jsonify, request
 
+from ..api.admin import (
+    CatalogResult,
+    Deleted,
+    Event,
+    EventList,
+    ModelList,
+    Node,
+    NodeList,
+    NodeReset,
+    Replica,
+    ReplicaList,
+    Retried,
+)
 from ..catalog import parse as catalog
 from ..errors import ConflictError, NotFoundError, ValidationError
-from ..fleetvocab import heard_from
 from ..store import repo
 from . import fleet
-from .web import by_whom, now_of, require, store
+from .web import by_whom, fleet_settings, now_of, require, store
 
 bp = Blueprint("admin", __name__, url_prefix="/api/v1")
 
@@ -21,7 +33,7 @@ bp = Blueprint("admin", __name__, url_prefix="/api/v1")
 class _DryRun(Exception):
     """Raised inside a dry run's transaction to roll it back; carries what it found."""
 
-    def __init__(self, result: dict[str, Any]) -> None:
+    def __init__(self, result: CatalogResult) -> None:
         super().__init__("dry run")
         self.result = result
 
@@ -72,7 +84,7 @@ def _apply(dry_run: bool) -> Any:
     prune = _flag("prune")
     expected = request.args.get("deletes")
 
-    def write(conn: Any) -> dict[str, Any]:
+    def write(conn: Any) -> CatalogResult:
         # Idempotent: applying the same specs again changes nothing and logs no event,
         # so it is retried through a store failover.
         before = [m.name for m in repo.list_models(conn)]
@@ -83,32 +95,32 @@ def _apply(dry_run: bool) -> Any:
                 "the models --prune would delete changed since they were shown (now: "
                 + (", ".join(result["deleted"]) or "none")
                 + "); nothing was applied. Run `llmgw ctl apply --prune` again to see them")
-        return {**result, "kept": kept_models(before, specs, prune), "dry_run": dry_run,
-                "deletes": deleted_digest(result["deleted"])}
+        return CatalogResult(**result, kept=kept_models(before, specs, prune),
+                             dry_run=dry_run, deletes=deleted_digest(result["deleted"]))
 
     if not dry_run:
-        return jsonify(store().write(write))
+        return jsonify(store().write(write).to_json())
     try:
         with store().begin() as conn:
             raise _DryRun(write(conn))
     except _DryRun as done:
-        return jsonify(done.result)
+        return jsonify(done.result.to_json())
 
 
 @bp.get("/models")
 @require("admin")
 def models() -> Any:
     with store().begin() as conn:
-        return jsonify({"models": fleet.models_view(conn, now_of(conn))})
+        return jsonify(ModelList(models=fleet.model_answers(conn, now_of(conn))).to_json())
 
 
 @bp.get("/models/<path:name>")
 @require("admin")
 def model(name: str) -> Any:
     with store().begin() as conn:
-        for item in fleet.models_view(conn, now_of(conn)):
-            if item["name"] == name:
-                return jsonify(item)
+        for item in fleet.model_answers(conn, now_of(conn)):
+            if item.name == name:
+                return jsonify(item.to_json())
     raise NotFoundError(f"model {name!r} is not in the catalog; see `llmgw ctl models`")
 
 
@@ -116,10 +128,8 @@ def model(name: str) -> Any:
 @require("admin")
 def delete_model(name: str) -> Any:
     with store().begin() as conn:
-        if not repo.delete_model(conn, name):
-            raise NotFoundError(f"model {name!r} is not in the catalog")
-        repo.add_event(conn, now_of(conn), "catalog", name, "model deleted")
-    return jsonify({"deleted": name})
+        fleet.delete_model(conn, name, now_of(conn))
+    return jsonify(Deleted(deleted=name).to_json())
 
 
 @bp.post("/models/<path:name>/retry")
@@ -129,14 +139,15 @@ def retry(name: str) -> Any:
     (a model that was not only has its failure count reset)."""
     with store().begin() as conn:
         was_parked = fleet.unpark(conn, name, now_of(conn), by=by_whom())
-    return jsonify({"model": name, "parked": False, "was_parked": was_parked})
+    return jsonify(Retried(model=name, parked=False, was_parked=was_parked).to_json())
 
 
 @bp.get("/nodes")
 @require("admin")
 def nodes() -> Any:
     with store().begin() as conn:
-        return jsonify({"nodes": [repo.node_to_dict(n) for n in repo.list_nodes(conn)]})
+        nodes = [Node.model_validate(repo.node_to_dict(n)) for n in repo.list_nodes(conn)]
+    return jsonify(NodeList(nodes=nodes).to_json())
 
 
 @bp.get("/replicas")
@@ -144,8 +155,9 @@ def nodes() -> Any:
 def replicas() -> Any:
     with store().begin() as conn:
         parts = repo.parts_by_replica(conn)
-        return jsonify({"replicas": [repo.replica_to_dict(r, parts.get(r.id))
-                                     for r in repo.list_replicas(conn)]})
+        replicas = [Replica.model_validate(repo.replica_to_dict(r, parts.get(r.id)))
+                    for r in repo.list_replicas(conn)]
+    return jsonify(ReplicaList(replicas=replicas).to_json())
 
 
 @bp.get("/events")
@@ -156,7 +168,9 @@ def events() -> Any:
     except ValueError:
         raise ValidationError("limit must be a whole number") from None
     with store().begin() as conn:
-        return jsonify({"events": repo.list_events(conn, max(1, min(limit, 1000)))})
+        events = [Event.model_validate(e)
+                  for e in repo.list_events(conn, max(1, min(limit, 1000)))]
+    return jsonify(EventList(events=events).to_json())
 
 
 # ---------------------------------------------------------------- revocation
@@ -168,12 +182,8 @@ def reset_node(name: str) -> Any:
     """Forget the node's credential: its (reinstalled) host joins again with the join
     token, and whatever holds the old credential can no longer report."""
     with store().begin() as conn:
-        if not repo.reset_node_credential(conn, name):
-            raise NotFoundError(f"there is no node named {name!r}; see `llmgw ctl nodes`")
-        repo.add_event(conn, now_of(conn), "node", name,
-                       f"credential reset by {by_whom()}: the old credential is refused; the "
-                       "host joins again with the join token")
-    return jsonify({"node": name, "credential": None})
+        fleet.reset_node(conn, name, now_of(conn), by=by_whom())
+    return jsonify(NodeReset(node=name, credential=None).to_json())
 
 
 @bp.delete("/nodes/<path:name>")
@@ -183,26 +193,7 @@ def delete_node(name: str) -> Any:
     them again elsewhere). A node that reported within the node timeout is refused unless
     ``?force=true``: its agent looks alive and would join again at once."""
     force = request.args.get("force", "false").lower() in ("1", "true", "yes")
-    timeout = current_app.config["LLMGW"].node_timeout_s
     with store().begin() as conn:
-        now = now_of(conn)
-        row = repo.get_node(conn, name)
-        if row is None:
-            raise NotFoundError(f"there is no node named {name!r}; see `llmgw ctl nodes`")
-        if heard_from(row.last_report, now, timeout) and not force:
-            silent = now - row.last_report
-            raise ConflictError(
-                f"node {name!r} reported {max(0.0, silent):.0f} s ago (within the node "
-                f"timeout of {timeout:g} s): its agent looks alive, and a live agent whose "
-                "node is deleted joins again with the join token at once, as a new node. "
-                f"Stop the agent on {name} first, wait {timeout:g} s and delete it again; "
-                "or pass --force (?force=true) to delete it now")
-        gone = repo.delete_node(conn, name) or []
-        for rep in gone:
-            repo.add_event(conn, now, "stop", rep.model,
-                           f"replica {rep.id} deleted with node {name}; it is placed "
-                           "again elsewhere")
-        repo.add_event(conn, now, "node", name,
-                       f"node deleted by {by_whom()}" + (" (forced)" if force else "")
-                       + f" with {len(gone)} replica(s) that used it")
-    return jsonify({"deleted": name, "replicas": [r.id for r in gone]})
+        answer = fleet.delete_node(conn, name, now_of(conn), fleet_settings(), force=force,
+                                   by=by_whom())
+    return jsonify(answer.to_json())

@@ -8,6 +8,7 @@ from typing import Any
 from flask import Blueprint, Flask, jsonify
 
 from .. import __version__, settings
+from ..api.admin import Health
 from ..api.openapi import control_document
 from ..errors import StoreError
 from ..store import Store, repo
@@ -37,9 +38,9 @@ def healthz() -> Any:
         with store().begin() as conn:
             holder = repo.lease_holder(conn, LEASE, store().now(conn))
     except StoreError as exc:
-        return jsonify({"status": "store_unavailable", "message": exc.message,
-                        "leader": None, "version": __version__}), 503
-    return jsonify({"status": "ok", "leader": holder, "version": __version__})
+        return jsonify(Health(status="store_unavailable", message=exc.message, leader=None,
+                              version=__version__).to_json()), 503
+    return jsonify(Health(status="ok", leader=holder, version=__version__).to_json())
 
 
 @health.get("/openapi.json")

@@ -1,29 +1,43 @@
-"""The fleet service layer: the one place the control service's rules are applied.
+"""The fleet service layer: where the control service's rules meet the store.
 
 ``read`` gets the fleet from the store, ``decide.decide`` (pure) says what changes, and
-``write`` stores it. The reconciler process and every view call only this layer (views do
-not import each other and do not read tables to derive anything themselves); the store only
-stores. Every time that decides liveness, idleness, backoff or parking is the store's clock
-(``Store.now``), read once per transaction, so control instances on hosts whose clocks
-drift still agree, and a lease, a report and a reconcile pass measure time alike.
+``write`` stores it; the reconciler process calls ``reconcile``. The views call this layer
+for whatever derives from the fleet or changes it by a rule: a model's state
+(``models_view``), the status summary and the plan, the routes table (``routes``, around
+the pure ``routes.routes_of``), a router's activation, idle map and unreachable mark, the
+catalog, a retry, deleting a model or a node, a credential reset. A view parses, calls and
+answers: it does not read tables to derive anything itself (it may list rows as they are,
+``repo.list_events``), and views do not import each other. A node's report has its own
+layer (control/reports.py, assignments.py), so do API keys (store/accounts.py) and usage
+(control/usage.py); the store only stores. Every time that decides liveness, idleness,
+backoff or parking is the store's clock (``Store.now``), read once per transaction, so
+control instances on hosts whose clocks drift still agree, and a lease, a report and a
+reconcile pass measure time alike.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from ..api.admin import Model, NodeDeleted
 from ..api.catalog import ModelSpec
+from ..api.fields import clean
+from ..api.router import ActivateAnswer, IdleMap, Routes, Unreachable
+from ..api.states import Activation
 from ..catalog.names import fallback_problems, name_clashes
-from ..errors import CatalogError, NotFoundError
+from ..errors import CatalogError, ConflictError, NotFoundError
+from ..fleetvocab import heard_from
 from ..placement import place
 from ..status import summary as status_summary
-from ..store import repo
+from ..store import accounts, repo
 from ..store.models import row_to_spec
-from . import autoscale, snapshot
+from . import autoscale, capacity, snapshot
 from .decide import Changes, Fleet, Settings, decide, new_definition, unpark_values
+from .routes import routes_of
 from .states import model_state, start_streak
 
 log = logging.getLogger(__name__)
@@ -86,6 +100,11 @@ def models_view(conn: Connection, now: float) -> list[dict[str, Any]]:
                     wanted=state.wanted, scaling=autoscale.view(row, reps, now))
         out.append(item)
     return out
+
+
+def model_answers(conn: Connection, now: float) -> list[Model]:
+    """``models_view`` as the admin API answers it (``api.admin.Model``)."""
+    return [Model.model_validate(item) for item in models_view(conn, now)]
 
 
 def summary(conn: Connection, now: float, settings: Settings, *, idle_after_s: float,
@@ -172,12 +191,57 @@ def unpark(conn: Connection, name: str, now: float, by: str = "an operator") -> 
     return bool(row.parked)
 
 
-def activate(conn: Connection, name: str, now: float, settings: Settings
-             ) -> tuple[str, str | None, dict[str, Any]]:
+def delete_model(conn: Connection, name: str, now: float) -> None:
+    """Remove ``name`` from the catalog (its replicas stop: they leave the assignments)."""
+    if not repo.delete_model(conn, name):
+        raise NotFoundError(f"model {name!r} is not in the catalog")
+    repo.add_event(conn, now, "catalog", name, "model deleted")
+
+
+def reset_node(conn: Connection, name: str, now: float, by: str) -> None:
+    """Forget the node's credential: its (reinstalled) host joins again with the join
+    token, and whatever holds the old credential can no longer report."""
+    if not repo.reset_node_credential(conn, name):
+        raise NotFoundError(f"there is no node named {name!r}; see `llmgw ctl nodes`")
+    repo.add_event(conn, now, "node", name,
+                   f"credential reset by {by}: the old credential is refused; the host "
+                   "joins again with the join token")
+
+
+def delete_node(conn: Connection, name: str, now: float, settings: Settings, *,
+                force: bool, by: str) -> NodeDeleted:
+    """Delete a node that is gone, with the replicas that used it (the next pass places
+    them again elsewhere). A node heard from within the node timeout is refused unless
+    ``force``: its agent looks alive and would join again at once, as a new node."""
+    row = repo.get_node(conn, name)
+    if row is None:
+        raise NotFoundError(f"there is no node named {name!r}; see `llmgw ctl nodes`")
+    timeout = settings.node_timeout_s
+    if heard_from(row.last_report, now, timeout) and not force:
+        silent = now - row.last_report
+        raise ConflictError(
+            f"node {name!r} reported {max(0.0, silent):.0f} s ago (within the node "
+            f"timeout of {timeout:g} s): its agent looks alive, and a live agent whose "
+            "node is deleted joins again with the join token at once, as a new node. "
+            f"Stop the agent on {name} first, wait {timeout:g} s and delete it again; "
+            "or pass --force (?force=true) to delete it now")
+    gone = repo.delete_node(conn, name) or []
+    for rep in gone:
+        repo.add_event(conn, now, "stop", rep.model,
+                       f"replica {rep.id} deleted with node {name}; it is placed again "
+                       "elsewhere")
+    repo.add_event(conn, now, "node", name,
+                   f"node deleted by {by}" + (" (forced)" if force else "")
+                   + f" with {len(gone)} replica(s) that used it")
+    return NodeDeleted(deleted=name, replicas=[r.id for r in gone])
+
+
+def activate(conn: Connection, name: str, now: float, settings: Settings) -> ActivateAnswer:
     """Someone wants ``name`` now: forget the last placement result, want an on-demand
-    model, and try placing at once. Returns (state, reason, the current start streak)
-    for the router. A model whose current streak failed keeps its activation time, so the
-    failure stays current for every router (``states.start_streak``) until the next start."""
+    model, and try placing at once. Answers the router with the state, its reason and the
+    current start streak. A model whose current streak failed keeps its activation time, so
+    the failure stays current for every router (``states.start_streak``) until the next
+    start."""
     model = repo.get_model(conn, name)
     if model is None:
         raise NotFoundError(f"model {name!r} is not in the catalog")
@@ -192,6 +256,61 @@ def activate(conn: Connection, name: str, now: float, settings: Settings
         repo.update_model(conn, name, placement_reason=reason)
     model = repo.get_model(conn, name)
     state = model_state(model, [r for r in fleet.replicas if r.model == name], now)
-    if state.state in ("idle", "activating") and not reason:
-        return "starting", state.reason, streak
-    return state.state, state.reason, streak
+    answer = Activation("starting" if state.state in ("idle", "activating") and not reason
+                        else state.state)
+    return ActivateAnswer(model=name, state=answer, reason=clean(state.reason),
+                          failures=streak["failures"], last_error=clean(streak["last_error"]),
+                          retry_after_s=streak["retry_after_s"])
+
+
+# ------------------------------------------------------------------ what routers ask
+
+
+def routes(conn: Connection, now: float, backoff: tuple[float, float]) -> Routes:
+    """The routes table (``GET /api/v1/routes``): the rows it is made of, read in one
+    transaction, through the pure ``routes.routes_of``."""
+    return routes_of(repo.list_models(conn), {n.name: n for n in repo.list_nodes(conn)},
+                     repo.list_replicas(conn), accounts.accounts_of_kind(conn, "api_key"),
+                     now, backoff)
+
+
+def record_idle(conn: Connection, body: IdleMap, now: float) -> None:
+    """A router's idle map: each replica's last use and each model's load. Idempotent
+    (the newest time wins), so it is retried through a store failover."""
+    # Routers send seconds since last use; the store's clock makes them times, so a
+    # router host's clock never decides idleness.
+    known = {r.id: r for r in repo.list_replicas(conn)}
+    for replica_id, ago in body.replicas.items():
+        when = now - ago
+        row = known.get(replica_id)
+        # Several routers post maps: keep the newest time seen.
+        if row is not None and (row.last_used is None or when > row.last_used):
+            repo.update_replica(conn, replica_id, last_used=float(when))
+    # Each model's load joins its router's posts (control/capacity.py: what autoscaling
+    # reads); one at capacity is merged into the window of such reports too. A retry
+    # after a failover may count one post's refusals twice: a display figure, and one
+    # more reason to scale up.
+    rows = repo.models_named(conn, set(body.capacity))
+    for name, report in body.capacity.items():
+        row = rows.get(name)
+        if row is None:
+            continue
+        values: dict[str, Any] = {"load": json.dumps(capacity.record_load(
+            json.loads(row.load) if row.load else None, body.router, report, now))}
+        if report.at_capacity:
+            stored = json.loads(row.capacity) if row.capacity else None
+            values.update(capacity_at=now,
+                          capacity=json.dumps(capacity.merge(stored, report, now)))
+        repo.update_model(conn, name, **values)
+
+
+def mark_unreachable(conn: Connection, body: Unreachable, now: float) -> None:
+    """A router could not connect to a replica: it is not routed until a report of its
+    agent, received after this mark, says ready. Idempotent: only a ready replica is
+    marked."""
+    row = repo.mark_unreachable(conn, body.replica_id, now,
+                                f"a router could not connect to it: {body.reason}")
+    if row is not None:
+        repo.add_event(conn, now, "unreachable", row.model,
+                       f"replica {row.id} on {row.node} is unreachable from a router "
+                       f"({body.reason}); not routed until its agent reports it ready again")

@@ -10,9 +10,9 @@ its name. Rows are summed per hour of the store's clock: the hour a report arriv
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from ..api.usage import NO_KEY, UsageReport
+from ..api.usage import NO_KEY, UsageBy, UsageList, UsageReport, UsageRow
 from ..catalog.spec import parse_duration
 from ..errors import ValidationError
 from ..store import usage
@@ -47,18 +47,23 @@ def since_s(value: str | None) -> float:
     return seconds
 
 
-def by_of(value: str | None) -> str:
+def by_of(value: str | None) -> UsageBy:
     """``by`` of a query: key, model or key,model (the default), or a 400."""
     by = "key,model" if value is None else value
     if by not in BY:
         raise ValidationError(f"by {by[:40]!r} is unknown; use key, model or key,model "
                               "(the default)")
-    return by
+    return cast(UsageBy, by)
 
 
-def usage_view(conn: Any, now: float, since: float, by: str) -> dict[str, Any]:
-    """``api.usage.UsageList`` for the last ``since`` seconds (from the start of the hour
-    that period began in), summed ``by`` key, model or both."""
+def usage_list(conn: Any, now: float, since: float, by: UsageBy) -> UsageList:
+    """Usage in the last ``since`` seconds (from the start of the hour that period began
+    in), summed ``by`` key, model or both."""
     start = usage.bucket_of(now - since)
-    return {"since": start, "until": now, "by": by,
-            "rows": usage.usage_since(conn, start, by)}
+    return UsageList(since=start, until=now, by=by,
+                     rows=[UsageRow(**row) for row in usage.usage_since(conn, start, by)])
+
+
+def usage_view(conn: Any, now: float, since: float, by: UsageBy) -> dict[str, Any]:
+    """:func:`usage_list` as JSON values (the console's usage page)."""
+    return usage_list(conn, now, since, by).to_json()

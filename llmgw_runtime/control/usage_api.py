@@ -9,8 +9,8 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 
 from ..api.parse import parse_json
-from ..api.usage import UsageReport
-from .usage import apply_report, by_of, since_s, usage_view
+from ..api.usage import UsageAck, UsageReport
+from .usage import apply_report, by_of, since_s, usage_list
 from .web import now_of, require, store
 
 bp = Blueprint("usage", __name__, url_prefix="/api/v1")
@@ -22,7 +22,7 @@ def report() -> Any:
     body = parse_json(UsageReport, request.get_data(cache=True), what="usage report")
     # Idempotent (a report applied once, by its seq): retried through a store failover.
     applied = store().write(lambda conn: apply_report(conn, body, now_of(conn)))
-    return jsonify({"applied": applied})
+    return jsonify(UsageAck(applied=applied).to_json())
 
 
 @bp.get("/usage")
@@ -30,4 +30,5 @@ def report() -> Any:
 def read() -> Any:
     since, by = since_s(request.args.get("since")), by_of(request.args.get("by"))
     with store().begin() as conn:
-        return jsonify(usage_view(conn, now_of(conn), since, by))
+        answer = usage_list(conn, now_of(conn), since, by)
+    return jsonify(answer.to_json())
