@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import hmac
-import json
-import socket
-import time
 from typing import Any
 
 from flask import Blueprint, current_app, g, jsonify, request
 
-from ..api.agent import JoinAnswer, JoinRequest, Report
+from ..api.agent import JoinAnswer, JoinRequest, Report, ReportAnswer
 from ..api.parse import parse_json
 from ..errors import ConflictError, ForbiddenError
 from ..security import hash_token, new_token
@@ -24,11 +21,14 @@ from .reports import (
     ReportCache,
     apply_heads,
     apply_parts,
+    report_answer,
     unchanged,
 )
+from .resolve import Resolver
 from .web import authenticate, now_of, require, store
 
 bp = Blueprint("agent", __name__, url_prefix="/api/v1/agent")
+
 
 @bp.post("/join")
 @require("join")
@@ -57,33 +57,13 @@ def join() -> Any:
     return jsonify(JoinAnswer(node=node, credential=credential).to_json())
 
 
-_resolved: dict[str, tuple[float, tuple[str, ...]]] = {}
-
-
-def _resolve(name: str) -> tuple[str, ...]:
-    """The addresses a host name resolves to, cached for a minute per process."""
-    if not name or identity.is_ip(name):
-        return ()
-    now = time.monotonic()
-    hit = _resolved.get(name)
-    if hit is None or now - hit[0] > 60:
-        try:
-            infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
-            hit = (now, tuple(sorted({str(i[4][0]) for i in infos})))
-        except (OSError, UnicodeError):
-            hit = (now, ())
-        if len(_resolved) > 10_000:
-            _resolved.clear()
-        _resolved[name] = hit
-    return hit[1]
-
-
-def install(app: Any) -> None:
-    """The app's report caches and heartbeat writer (one per process: each gunicorn worker
-    loads its own app, control/serve.py starts its writer)."""
+def install(app: Any, resolver: Resolver | None = None) -> None:
+    """The app's report caches, heartbeat writer and host name cache (one per process: each
+    gunicorn worker loads its own app, control/serve.py starts its writer)."""
     cache = app.extensions["llmgw.reports"] = ReportCache()
     app.extensions["llmgw.heartbeats"] = Heartbeats(lambda: app.extensions["llmgw.store"],
                                                     cache.forget)
+    app.extensions["llmgw.resolver"] = resolver or Resolver()
 
 
 def caches() -> tuple[ReportCache, Heartbeats]:
@@ -108,9 +88,9 @@ def report() -> Any:
         parsed = parse_json(Report, raw, what="report")
         answer = _steady(cache, heartbeats, entry, parsed, generation, config)
         if answer is not None:
-            return jsonify(answer)
+            return jsonify(answer.to_json())
 
-    def write(conn: Any) -> dict[str, Any]:
+    def write(conn: Any) -> ReportAnswer:
         # Idempotent (the report states what is, the answer is re-read): retried through
         # a store failover, so agents see a pause rather than errors.
         authenticate(conn)
@@ -120,40 +100,34 @@ def report() -> Any:
             raise ForbiddenError(f"this credential belongs to node {node!r}, "
                                  f"not {report.node!r}")
         problem = _problem(report, config)
-        body = report.model_dump(mode="json", by_alias=True)
-        reported = {r["id"]: r for r in body["replicas"]}
+        reported = {r.id: r for r in report.replicas}
         now = now_of(conn)
         heartbeats.drop(node)                            # this write supersedes it
-        inventory = repo.record_report(conn, node, body, now, problem,
+        inventory = repo.record_report(conn, node, report, now, problem,
                                        alive=not report.stopping, before=before)
         if before.problem != problem:
             repo.add_event(conn, now, "node", node, problem or "the node's report is usable "
                            "in full again")
-        answer: dict[str, Any] = {"report_interval_s": config.report_interval_s}
-        if problem:
-            answer["problems"] = [problem]
-        devices = devices_key(body["devices"])
         heads = repo.list_replicas(conn, node=node)
         parts = repo.parts_on_node(conn, node)
         gone = apply_heads(conn, heads, reported, now)
         gone |= apply_parts(conn, parts, reported, now)
-        answer["assignments"] = assignments_for(
-            conn, body["devices"],
+        assignments = assignments_for(
+            conn, report.devices,
             heads=[r for r in heads if r.id not in gone],
             parts=[p for p in parts if part_id(p.replica_id, p.rank) not in gone])
-        sources, digest = cache.catalog_sources(conn, before.generation)
-        if report.sources_hash is not None and report.sources_hash != digest:
-            answer.update(sources=sources, sources_hash=digest)
+        sources = cache.catalog_sources(conn, before.generation)
         if before.generation is not None and not report.stopping:
             # Valid under the generation read with the credential: if this transaction
             # moved it, nothing cached here is used again.
-            cache.answers.put(node, Answer(before.generation, devices, heads, parts,
-                                           answer["assignments"]))
+            cache.answers.put(node, Answer(before.generation, devices_key(report.devices),
+                                           heads, parts, assignments))
             cache.nodes.put(token_hash, NodeEntry(
-                node, body.get("address") if problem is None else None, problem,
-                inventory, before.generation))
-        return answer
-    return jsonify(store().write(write))
+                node, report.address if problem is None else None, problem, inventory,
+                before.generation))
+        return report_answer(report, config.report_interval_s, assignments, problem,
+                             sources)
+    return jsonify(store().write(write).to_json())
 
 
 def _problem(report: Report, config: Any) -> str | None:
@@ -161,35 +135,29 @@ def _problem(report: Report, config: Any) -> str | None:
     if report.stopping:
         return ("its agent stopped and stopped its engines; the node is not used until "
                 "the agent runs again")
+    resolver: Resolver = current_app.extensions["llmgw.resolver"]
     return identity.address_problem(report.address, request.remote_addr,
-                                    _resolve(report.address or ""), config.agent_network_list)
+                                    resolver(report.address or ""), config.agent_network_list)
 
 
 def _steady(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, report: Report,
-            generation: int | None, config: Any) -> dict[str, Any] | None:
+            generation: int | None, config: Any) -> ReportAnswer | None:
     """The answer to a report that repeats what is stored, from this process's caches, its
     last report time and devices left to the heartbeat writer; None when the report must
     be handled in a transaction."""
     if generation is None or report.node != entry.name or report.stopping:
         return None
-    body = report.model_dump(mode="json", by_alias=True)
     problem = _problem(report, config)
-    address = body.get("address") if problem is None else None
+    address = report.address if problem is None else None
     if problem != entry.problem or address != entry.address \
-            or repo.inventory_of(body)[1] != entry.inventory:
+            or repo.inventory_of(report)[1] != entry.inventory:
         return None
-    hit = cache.answer(entry.name, generation, devices_key(body["devices"]))
+    hit = cache.answer(entry.name, generation, devices_key(report.devices))
     sources = cache.cached_sources(generation)
     if hit is None or sources is None:
         return None
-    if not unchanged(hit.heads, hit.parts, {r["id"]: r for r in body["replicas"]}):
+    if not unchanged(hit.heads, hit.parts, {r.id: r for r in report.replicas}):
         return None
     g.principal_kind, g.principal = "node", entry.name
-    heartbeats.put(entry.name, store().clock_cached(), json.dumps(body["devices"]))
-    answer: dict[str, Any] = {"report_interval_s": config.report_interval_s,
-                              "assignments": hit.assignments}
-    if problem:
-        answer["problems"] = [problem]
-    if report.sources_hash is not None and report.sources_hash != sources[1]:
-        answer.update(sources=sources[0], sources_hash=sources[1])
-    return answer
+    heartbeats.put(entry.name, store().clock_cached(), repo.devices_of(report))
+    return report_answer(report, config.report_interval_s, hit.assignments, problem, sources)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..api.agent import Assignment, DeviceReport
 from ..store import repo
 
 PART_SEP = ".w"
@@ -20,19 +21,18 @@ def part_id(replica_id: str, rank: int) -> str:
     return f"{replica_id}{PART_SEP}{rank}"
 
 
-def _devices(ids: list[int], reported: list[dict[str, Any]]) -> dict[str, Any]:
-    by_id = {d.get("id"): d for d in reported if isinstance(d, dict)}
+def _devices(ids: list[int], reported: list[DeviceReport]) -> dict[str, Any]:
+    by_id = {d.id: d for d in reported}
     chosen = [by_id[i] for i in ids if i in by_id]
-    if any(d.get("class") == "cpu" for d in chosen) or not chosen:
+    if any(d.klass == "cpu" for d in chosen) or not chosen:
         kind = "cpu"
     else:
-        kind = "mig" if any(d.get("mig") is not None for d in chosen) else "gpu"
-    return {"devices": ids, "device_uuids": [d.get("uuid") for d in chosen],
-            "device_kind": kind}
+        kind = "mig" if any(d.mig is not None for d in chosen) else "gpu"
+    return {"devices": ids, "device_uuids": [d.uuid for d in chosen], "device_kind": kind}
 
 
 def _base(replica_id: str, model: Any, ids: list[int],
-          reported: list[dict[str, Any]]) -> dict[str, Any]:
+          reported: list[DeviceReport]) -> dict[str, Any]:
     profile = json.loads(model.profile)
     out = {"replica_id": replica_id, "model": model.name, "engine": model.engine,
            "source": model.source, "sha256": model.sha256, "size_bytes": model.size_bytes,
@@ -67,10 +67,11 @@ def _multi(head: Any, parts: list[Any], rank: int, address: _Addresses) -> dict[
             "head_address": address(head.node), "peers": _peers(head, parts, address)}
 
 
-def assignments_for(conn: Any, reported: list[dict[str, Any]], *, heads: list[Any],
-                    parts: list[Any]) -> list[dict[str, Any]]:
+def assignments_for(conn: Any, reported: list[DeviceReport], *, heads: list[Any],
+                    parts: list[Any]) -> list[Assignment]:
     """Every replica and worker part a node should run, for its agent (docs/api.md), from
-    the rows of the replicas it heads and the parts it runs (read once per report)."""
+    the rows of the replicas it heads and the parts it runs (read once per report) and
+    the devices it reported."""
     heads = [r for r in heads if r.desired and r.state != "failed"]
     my_parts = [p for p in parts if p.state != "failed"]
     part_heads = {rid: repo.get_replica(conn, rid) for rid in {p.replica_id for p in my_parts}}
@@ -98,10 +99,9 @@ def assignments_for(conn: Any, reported: list[dict[str, Any]], *, heads: list[An
         item.update(_multi(head, all_parts.get(head.id, []), part.rank, address))
         item["replica"] = head.id
         out.append(item)
-    return out
+    return [Assignment(**item) for item in out]
 
 
-def devices_key(reported: list[dict[str, Any]]) -> tuple[Any, ...]:
+def devices_key(reported: list[DeviceReport]) -> tuple[Any, ...]:
     """What an assignment takes from a report's devices (``_devices``)."""
-    return tuple((d.get("id"), d.get("uuid"), d.get("class"), d.get("mig") is not None)
-                 for d in reported)
+    return tuple((d.id, d.uuid, d.klass, d.mig is not None) for d in reported)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from ..api.agent import Assignment, ReplicaReport, Report, ReportAnswer
 from ..api.states import LIVE_REPLICA_STATES, ReplicaState, ReportedState
 from ..errors import StoreError
 from ..store import Store, repo
@@ -44,12 +45,15 @@ FLUSH_EVERY_S = 0.25        # how long a refreshed last report time may wait to 
 # ------------------------------------------------------------------ pure: what changes
 
 
-def progress_of(rep: dict[str, Any]) -> str | None:
-    progress = rep.get("progress")
-    if rep["state"] != "fetching" or not isinstance(progress, dict):
+def progress_of(rep: ReplicaReport) -> str | None:
+    """A fetching replica's download progress as the ``progress`` column holds it."""
+    progress = rep.progress
+    if rep.state != ReportedState.FETCHING or progress is None:
         return None
-    keep = {k: progress.get(k) for k in ("bytes", "total", "rate_bps")
-            if isinstance(progress.get(k), int | float) and not isinstance(progress.get(k), bool)}
+    keep: dict[str, Any] = {"bytes": progress.bytes}
+    if progress.total is not None:
+        keep["total"] = progress.total
+    keep["rate_bps"] = progress.rate_bps
     return json.dumps(keep)
 
 
@@ -65,7 +69,7 @@ class HeadChange:
     stopped: bool = False
 
 
-def head_change(row: Any, rep: dict[str, Any] | None, now: float) -> HeadChange | None:
+def head_change(row: Any, rep: ReplicaReport | None, now: float) -> HeadChange | None:
     """What the agent's word ``rep`` (None: it does not run it) changes of ``row``."""
     if rep is None:
         if not row.desired:
@@ -77,12 +81,12 @@ def head_change(row: Any, rep: dict[str, Any] | None, now: float) -> HeadChange 
         return None
     if not row.desired or row.state == "failed":
         return None
-    stopped = rep["state"] == ReportedState.STOPPED
-    state = (ReplicaState.FAILED if stopped else ReplicaState(rep["state"])).value
-    values: dict[str, Any] = {"state": state, "port": rep.get("port"), "pid": rep.get("pid"),
+    stopped = rep.state == ReportedState.STOPPED
+    state = (ReplicaState.FAILED if stopped else ReplicaState(rep.state.value)).value
+    values: dict[str, Any] = {"state": state, "port": rep.port, "pid": rep.pid,
                               "updated": now, "progress": progress_of(rep)}
     if state == ReplicaState.FAILED:
-        values["last_error"] = rep.get("last_error") or "the engine stopped"
+        values["last_error"] = rep.last_error or "the engine stopped"
     elif state == ReplicaState.READY:
         values["last_error"] = None                  # the history stays in the events
     if all(getattr(row, k) == v for k, v in values.items() if k != "updated"):
@@ -90,7 +94,7 @@ def head_change(row: Any, rep: dict[str, Any] | None, now: float) -> HeadChange 
     return HeadChange(row, values=values, gone=state == ReplicaState.FAILED, stopped=stopped)
 
 
-def part_change(part: Any, rep: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+def part_change(part: Any, rep: ReplicaReport | None, now: float) -> dict[str, Any] | None:
     """The new values of a worker part's row from the agent's word, or None."""
     if part.state == "failed":
         return None
@@ -99,14 +103,14 @@ def part_change(part: Any, rep: dict[str, Any] | None, now: float) -> dict[str, 
             return {"state": "failed", "updated": now,
                     "last_error": f"the agent on {part.node} no longer runs this part"}
         return None
-    state = rep["state"] if rep["state"] != "stopped" else "failed"
-    error = (rep.get("last_error") or "the engine stopped") if state == "failed" else None
-    if state != part.state or rep.get("pid") != part.pid:
-        return {"state": state, "pid": rep.get("pid"), "last_error": error, "updated": now}
+    state = "failed" if rep.state == ReportedState.STOPPED else rep.state.value
+    error = (rep.last_error or "the engine stopped") if state == "failed" else None
+    if state != part.state or rep.pid != part.pid:
+        return {"state": state, "pid": rep.pid, "last_error": error, "updated": now}
     return None
 
 
-def unchanged(heads: list[Any], parts: list[Any], reported: dict[str, Any]) -> bool:
+def unchanged(heads: list[Any], parts: list[Any], reported: dict[str, ReplicaReport]) -> bool:
     """Whether a report says nothing new of the node's replicas and parts."""
     return all(head_change(row, reported.get(row.id), 0.0) is None for row in heads) and \
         all(part_change(p, reported.get(part_id(p.replica_id, p.rank)), 0.0) is None
@@ -116,7 +120,8 @@ def unchanged(heads: list[Any], parts: list[Any], reported: dict[str, Any]) -> b
 # ------------------------------------------------------------------ writing it
 
 
-def apply_heads(conn: Any, heads: list[Any], reported: dict[str, Any], now: float) -> set[str]:
+def apply_heads(conn: Any, heads: list[Any], reported: dict[str, ReplicaReport],
+                now: float) -> set[str]:
     """Write what the agent says of the replicas it heads; returns the ids that are gone
     or failed now (they get no assignment)."""
     gone: set[str] = set()
@@ -155,7 +160,8 @@ def _replica_event(conn: Any, row: Any, state: str, error: str | None, stopped: 
                        f"{where} " + ("stopped" if stopped else "is failed") + f": {error}")
 
 
-def apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any], now: float) -> set[str]:
+def apply_parts(conn: Any, parts: list[Any], reported: dict[str, ReplicaReport],
+                now: float) -> set[str]:
     """The same for worker parts on this node; returns the part ids failed now."""
     gone: set[str] = set()
     for part in parts:
@@ -167,6 +173,23 @@ def apply_parts(conn: Any, parts: list[Any], reported: dict[str, Any], now: floa
             gone.add(pid)
         repo.update_part(conn, part.replica_id, part.rank, **values)
     return gone
+
+
+# ------------------------------------------------------------------ the answer
+
+
+def report_answer(report: Report, interval_s: float, assignments: list[Assignment],
+                  problem: str | None, sources: tuple[list[str], str]) -> ReportAnswer:
+    """The answer to ``report``, however it was handled: the node's assignments, when to
+    report next, what of the report is not used (``problem``), and the catalog's sources
+    (with their hash) when the agent's hash of them is not theirs."""
+    extra: dict[str, Any] = {}
+    if problem:
+        extra["problems"] = [problem]
+    listed, digest = sources
+    if report.sources_hash is not None and report.sources_hash != digest:
+        extra.update(sources=listed, sources_hash=digest)
+    return ReportAnswer(assignments=assignments, report_interval_s=interval_s, **extra)
 
 
 # ------------------------------------------------------------------ this process's caches
@@ -208,7 +231,7 @@ class Answer:
     devices: tuple[Any, ...]
     heads: list[Any]
     parts: list[Any]
-    assignments: list[dict[str, Any]]
+    assignments: list[Assignment]
 
 
 @dataclass(frozen=True)

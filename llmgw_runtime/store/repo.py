@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from ..api.agent import Report
 from ..api.catalog import ModelSpec
 from .db import fleet_changed, generation
 from .models import row_to_spec, spec_to_row
@@ -155,25 +156,37 @@ def fleet_generation(conn: Connection) -> int | None:
     return int(value) if value is not None else None
 
 
-def inventory_of(report: dict[str, Any]) -> tuple[dict[str, str], str]:
+def _json(value: Any) -> Any:
+    """A message (or a list of them) as JSON values, every field given."""
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    return value.model_dump(mode="json", by_alias=True)
+
+
+def devices_of(report: Report) -> str:
+    """The report's devices as the ``devices`` column holds them (JSON)."""
+    return json.dumps(_json(report.devices))
+
+
+def inventory_of(report: Report) -> tuple[dict[str, str], str]:
     """The slow-changing columns of a report as stored, and their digest."""
-    slow = {"fabric": report.get("fabric") or "",
-            "agent_version": report.get("agent_version") or "",
-            "engines": json.dumps(report.get("engines", [])),
-            "weights": json.dumps(report.get("weights", {})),
-            "hardware": json.dumps({"source": report.get("device_source"),
-                                    "driver_version": report.get("driver_version"),
-                                    "cards": report.get("cards", []),
-                                    "problems": report.get("device_problems", [])})}
+    slow = {"fabric": report.fabric or "",
+            "agent_version": report.agent_version or "",
+            "engines": json.dumps(report.engines),
+            "weights": json.dumps(_json(report.weights)),
+            "hardware": json.dumps({"source": report.device_source,
+                                    "driver_version": report.driver_version,
+                                    "cards": _json(report.cards),
+                                    "problems": report.device_problems})}
     digest = hashlib.sha256("\0".join(slow.values()).encode()).hexdigest()
     return slow, digest
 
 
-def record_report(conn: Connection, name: str, report: dict[str, Any], now: float,
+def record_report(conn: Connection, name: str, report: Report, now: float,
                   problem: str | None = None, alive: bool = True,
                   before: Any | None = None) -> str:
-    """Store a parsed report (``api.agent.Report`` as JSON); ``problem`` says what of it
-    was not used (its address is then not stored). An agent's last report (``alive``
+    """Store a parsed report; ``problem`` says what of it was not used (its address is
+    then not stored). An agent's last report (``alive``
     false) leaves the node not heard from, so it is not capacity from now on.
 
     ``before`` is the node as stored (``node_by_credential``): engines, weights and
@@ -182,12 +195,11 @@ def record_report(conn: Connection, name: str, report: dict[str, Any], now: floa
     on the node's first report (nothing runs there yet). Returns the inventory digest."""
     slow, digest = inventory_of(report)
     values: dict[str, Any] = {
-        "address": report.get("address") if problem is None else None, "problem": problem,
-        "last_report": now if alive else None,
-        "devices": json.dumps(report.get("devices", []))}
+        "address": report.address if problem is None else None, "problem": problem,
+        "last_report": now if alive else None, "devices": devices_of(report)}
     if before is None or digest != before.inventory:
-        values.update(slow, inventory=digest, fabric=report.get("fabric"),
-                      agent_version=report.get("agent_version"))
+        values.update(slow, inventory=digest, fabric=report.fabric,
+                      agent_version=report.agent_version)
     if before is None or (before.inventory is not None
                           and before.address != values["address"]):
         fleet_changed(conn)

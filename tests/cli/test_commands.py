@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from llmgw_runtime.api.agent import Report
 from llmgw_runtime.cli.main import cli
 from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.bootstrap import bootstrap
@@ -84,8 +85,9 @@ def ctl(url: str, *args: str) -> tuple[int, str]:
 def put_node(store: Store, name: str, age: float = 1.0) -> None:
     with store.begin() as conn:
         repo.set_node_credential(conn, name, hash_token("cred-" + name), time.time())
-        repo.record_report(conn, name, {"devices": [CPU], "address": "127.0.0.1"},
-                           time.time() - age)
+        # stored under ``name``, which may be one no agent could report as (a/b, escapes)
+        report = Report.model_validate({"node": "n", "devices": [CPU], "address": "127.0.0.1"})
+        repo.record_report(conn, name, report, time.time() - age)
 
 
 def test_ctl_keys_delete_revokes_a_key_and_names_a_missing_one(control: str) -> None:

@@ -23,6 +23,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from llmgw_runtime.api.agent import Report
 from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.config import ControlConfig
 from llmgw_runtime.control.metrics import certificate_not_after, render
@@ -80,8 +81,8 @@ def fleet(api: Api) -> Api:
     with api.store.begin() as conn:
         repo.update_model(conn, "broken", parked=1, consecutive_failures=5,
                           last_error="CUDA out of memory")
-        repo.record_report(conn, "n2", {"devices": [CPU], "engines": ["llama.cpp"]},
-                           time.time() - 100)
+        repo.record_report(conn, "n2", Report.model_validate(
+            {"node": "n2", "devices": [CPU], "engines": ["llama.cpp"]}), time.time() - 100)
     assert api.reconciler.run_cycle()
     [assignment] = api.report(cred, devices=[CPU, MIG, SICK]).json["assignments"]
     api.report(cred, devices=[CPU, MIG, SICK], engines=["llama.cpp", "vllm"],

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from llmgw_runtime.api.agent import ReplicaReport, Report
 from llmgw_runtime.control import reports
 from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.config import ControlConfig
@@ -33,15 +34,20 @@ def head(**kw: Any) -> Any:
     return SimpleNamespace(**{**row, **kw})
 
 
-READY = {"id": "r1", "state": "ready", "port": 9000, "pid": 42, "last_error": None}
+def said(rid: str = "r1", **kw: Any) -> ReplicaReport:
+    """What an agent reports of a replica (or part): ready on port 9000, pid 42, then ``kw``."""
+    return ReplicaReport.model_validate(
+        {"id": rid, "state": "ready", "port": 9000, "pid": 42, "last_error": None, **kw})
+
+
+READY = said()
 
 
 @pytest.mark.parametrize("row,rep,expect", [
     (head(), READY, None),                                             # steady: no write
     (head(state="starting"), READY, {"state": "ready", "last_error": None}),
     (head(pid=41), READY, {"pid": 42}),                                # restarted engine
-    (head(), {**READY, "state": "stopped", "last_error": "oom"},
-     {"state": "failed", "last_error": "oom"}),
+    (head(), said(state="stopped", last_error="oom"), {"state": "failed", "last_error": "oom"}),
     (head(), None, {"state": "failed"}),                               # the agent lost it
     (head(state="pending"), None, None),                               # not started yet
     (head(desired=0), None, "delete"),                                 # stopped as asked
@@ -63,10 +69,10 @@ def test_what_a_report_changes_of_a_replica(row: Any, rep: Any, expect: Any) -> 
 
 def test_a_worker_part_changes_only_when_its_state_or_process_does() -> None:
     part = SimpleNamespace(replica_id="r1", rank=1, node="n2", state="ready", pid=7)
-    assert part_change(part, {"state": "ready", "pid": 7}, 1.0) is None
-    assert part_change(part, {"state": "ready", "pid": 8}, 1.0)["pid"] == 8  # type: ignore[index]
+    assert part_change(part, said("r1.w1", pid=7), 1.0) is None
+    assert part_change(part, said("r1.w1", pid=8), 1.0)["pid"] == 8  # type: ignore[index]
     assert part_change(part, None, 1.0)["state"] == "failed"  # type: ignore[index]
-    assert unchanged([head()], [part], {"r1": READY, "r1.w1": {"state": "ready", "pid": 7}})
+    assert unchanged([head()], [part], {"r1": READY, "r1.w1": said("r1.w1", pid=7)})
     assert not unchanged([head()], [part], {"r1": READY})
 
 
@@ -150,8 +156,8 @@ def test_batched_heartbeats_never_move_a_node_backwards_nor_revive_it(store: Sto
         now = store.now(conn)
         for name in ("up", "stopped"):
             repo.set_node_credential(conn, name, name * 8, now)
-            repo.record_report(conn, name, {"devices": [], "address": "10.0.0.1"}, now)
-        repo.record_report(conn, "stopped", {"devices": []}, now, alive=False)
+            repo.record_report(conn, name, Report(node=name, address="10.0.0.1"), now)
+        repo.record_report(conn, "stopped", Report(node="stopped"), now, alive=False)
     forgotten: list[str] = []
     beats = reports.Heartbeats(lambda: store, forgotten.extend, every_s=0.05)
     beats.start()

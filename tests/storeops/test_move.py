@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from llmgw_runtime.api.agent import Report
 from llmgw_runtime.catalog import parse as catalog
 from llmgw_runtime.store import Store, accounts, repo
 from llmgw_runtime.store.schema import events
@@ -43,9 +44,11 @@ def populate(store: Store, events_n: int = 3) -> None:
         repo.apply_catalog(conn, catalog.parse(CAT), 1700000000.25)
         for i, name in enumerate(("gpu1", "gpu2")):
             repo.set_node_credential(conn, name, f"{i:064x}", 1700000001.5)
-            repo.record_report(conn, name, {"address": f"10.0.0.{i + 1}", "fabric": "ib0",
-                                            "agent_version": "1.0",
-                                            "devices": [{"id": 0, "class": "a100-80g"}]},
+            repo.record_report(conn, name, Report.model_validate({
+                "node": name, "address": f"10.0.0.{i + 1}", "fabric": "ib0",
+                "agent_version": "1.0", "devices": [{"id": 0, "uuid": f"GPU-{i}",
+                                                     "class": "a100-80g",
+                                                     "memory_total_mb": 81920}]}),
                                1700000002.75)
         repo.add_replica(conn, "r-big-1", "big", "gpu1", (0, 1), 1700000003.0,
                          parts=((1, "gpu2", (0, 1)),), rendezvous_port=29500)
