@@ -259,7 +259,7 @@ class NodeReset(Answer):
     with the join token."""
 
     node: str
-    credential: None = None
+    credential: None
 
 
 class NodeDeleted(Answer):

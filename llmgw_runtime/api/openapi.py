@@ -85,9 +85,9 @@ CONTROL_ROUTES = (
           params=(NAME,), errors=(401, 403, 404)),
     Route("get", "/api/v1/nodes", "nodes and their devices", ADMIN, admin.NodeList),
     Route("post", "/api/v1/nodes/{name}/reset", "clear a node's credential (a reinstalled "
-          "host joins again)", ADMIN, "NodeReset", params=(NAME,), errors=(401, 403, 404)),
+          "host joins again)", ADMIN, admin.NodeReset, params=(NAME,), errors=(401, 403, 404)),
     Route("delete", "/api/v1/nodes/{name}", "remove a node that is gone", ADMIN,
-          "NodeDeleted", errors=(400, 401, 403, 404, 409),
+          admin.NodeDeleted, errors=(400, 401, 403, 404, 409),
           params=(NAME, Param("force", "query", {"type": "boolean"},
                               "also when the node reported recently"))),
     Route("get", "/api/v1/status", "the fleet summary behind every status view", ADMIN,
@@ -122,11 +122,6 @@ RAW: dict[str, Any] = {
                 "properties": {"models": {"type": "array", "maxItems": MAX_MODELS,
                                           "items": {"$ref": REF.format(model="CatalogEntry")}}},
                 "description": "a catalog: models, a list of entries (docs/catalog.md)"},
-    "NodeReset": {"type": "object", "required": ["node", "credential"], "properties": {
-        "node": {"type": "string"}, "credential": {"type": "null"}}},
-    "NodeDeleted": {"type": "object", "required": ["deleted"], "properties": {
-        "deleted": {"type": "string"},
-        "replicas": {"type": "array", "items": {"type": "string"}}}},
     "MetricsText": {"type": "string"},
     "Plan": {"type": "object", "required": ["starts", "stops", "unplaceable"], "properties": {
         "starts": {"type": "array", "items": {"type": "object"}},

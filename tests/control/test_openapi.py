@@ -58,6 +58,14 @@ def test_every_documented_response_matches_the_real_one(api: Api) -> None:
     check(api.call("POST", "/api/v1/models/tiny/retry", ADMIN, json={}),
           "/api/v1/models/{name}/retry", "post")
     check(api.call("DELETE", "/api/v1/models/tiny", ADMIN), "/api/v1/models/{name}", "delete")
+    check(api.call("PATCH", "/api/v1/keys/k", ADMIN, json={"priority": "low"}),
+          "/api/v1/keys/{name}", "patch")
+    check(api.call("DELETE", "/api/v1/keys/k", ADMIN), "/api/v1/keys/{name}", "delete")
+    check(api.call("GET", "/api/v1/usage", ADMIN), "/api/v1/usage", "get")
+    check(api.call("POST", "/api/v1/nodes/n1/reset", ADMIN), "/api/v1/nodes/{name}/reset",
+          "post")
+    check(api.call("DELETE", "/api/v1/nodes/n1?force=true", ADMIN), "/api/v1/nodes/{name}",
+          "delete")
 
 
 def test_the_document_lists_every_route_the_service_has(api: Api) -> None:
