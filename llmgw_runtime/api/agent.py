@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from ..catalog.bounds import MAX_SLOTS_PER_REPLICA
 from .fields import (
     MAX_DEVICES,
     MAX_LIST,
@@ -190,7 +191,7 @@ class Assignment(Answer):
     replica: Id | None = None
     # The catalog's slots (requests served at once); the driver adds the engine's flag
     # (llama.cpp --parallel, vLLM --max-num-seqs) unless the args set it. None: not set.
-    slots: Annotated[int, Field(strict=True, ge=1, le=4096)] | None = None
+    slots: Annotated[int, Field(strict=True, ge=1, le=MAX_SLOTS_PER_REPLICA)] | None = None
 
 
 class ReportAnswer(Answer):
