@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from ..api.agent import Assignment, DeviceReport
+from ..fleetvocab import CPU_CLASS
 from ..store import repo
 
 PART_SEP = ".w"
@@ -24,7 +25,7 @@ def part_id(replica_id: str, rank: int) -> str:
 def _devices(ids: list[int], reported: list[DeviceReport]) -> dict[str, Any]:
     by_id = {d.id: d for d in reported}
     chosen = [by_id[i] for i in ids if i in by_id]
-    if any(d.klass == "cpu" for d in chosen) or not chosen:
+    if any(d.klass == CPU_CLASS for d in chosen) or not chosen:
         kind = "cpu"
     else:
         kind = "mig" if any(d.mig is not None for d in chosen) else "gpu"
