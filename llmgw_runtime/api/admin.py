@@ -245,6 +245,45 @@ class CatalogResult(Answer):
     deletes: Text | None = None
 
 
+class PlanPart(Answer):
+    rank: SmallCount
+    node: str
+    devices: list[SmallCount]
+
+
+class PlanStart(Answer):
+    """A replica placement would start: where, on which devices, and why there."""
+
+    model: str
+    node: str
+    devices: list[SmallCount]
+    parts: list[PlanPart] = Field(default_factory=list)
+    why: str
+
+
+class PlanStop(Answer):
+    """A replica placement would stop (its model and node when it is still known)."""
+
+    replica: str
+    model: str | None = None
+    node: str | None = None
+    why: str
+
+
+class Plan(Answer):
+    """What placement would do now, without doing it, and why (``ctl plan``); the devices,
+    idle cards, fabrics and weights by model are the status summary's parts
+    (status/status.schema.json)."""
+
+    starts: list[PlanStart]
+    stops: list[PlanStop]
+    unplaceable: dict[str, str | None]
+    devices: dict[str, Any] = Field(default_factory=dict)
+    cards_unusable: list[Any] = Field(default_factory=list)
+    fabrics: dict[str, Any] = Field(default_factory=dict)
+    models: dict[str, Any] = Field(default_factory=dict)
+
+
 class Retried(Answer):
     """``parked`` is the model's state now (false); ``was_parked`` says whether the retry
     unparked it, or it was not parked and only its failure count was reset."""

@@ -93,7 +93,8 @@ CONTROL_ROUTES = (
     Route("get", "/api/v1/status", "the fleet summary behind every status view", ADMIN,
           "Status", params=(Param("idle_after_s", "query",
                                   {"type": "number", "minimum": 0, "maximum": 1e9}),)),
-    Route("get", "/api/v1/plan", "what placement would do now (a dry run)", ADMIN, "Plan"),
+    Route("get", "/api/v1/plan", "what placement would do now (a dry run)", ADMIN,
+          admin.Plan),
     Route("get", "/api/v1/replicas", "replicas", ADMIN, admin.ReplicaList),
     Route("get", "/api/v1/events", "recent events, newest first", ADMIN, admin.EventList,
           params=(Param("limit", "query", {"type": "integer", "minimum": 1,
@@ -123,12 +124,6 @@ RAW: dict[str, Any] = {
                                           "items": {"$ref": REF.format(model="CatalogEntry")}}},
                 "description": "a catalog: models, a list of entries (docs/catalog.md)"},
     "MetricsText": {"type": "string"},
-    "Plan": {"type": "object", "required": ["starts", "stops", "unplaceable"], "properties": {
-        "starts": {"type": "array", "items": {"type": "object"}},
-        "stops": {"type": "array", "items": {"type": "object"}},
-        "unplaceable": {"type": "object", "additionalProperties": {"type": "string"}},
-        "devices": {"type": "object"}, "cards_unusable": {"type": "array"},
-        "fabrics": {"type": "object"}, "models": {"type": "object"}}},
 }
 
 

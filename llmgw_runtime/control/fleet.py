@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from ..api import admin
 from ..api.admin import Model, NodeDeleted
 from ..api.catalog import ModelSpec
 from ..api.fields import clean
@@ -118,7 +119,7 @@ def summary(conn: Connection, now: float, settings: Settings, *, idle_after_s: f
                                 idle_after_s=idle_after_s, store=store)
 
 
-def plan_view(conn: Connection, now: float, settings: Settings) -> dict[str, Any]:
+def plan_view(conn: Connection, now: float, settings: Settings) -> admin.Plan:
     """What placement would do now, without doing it, and why (``ctl plan``)."""
     fleet = read(conn)
     live = [r for r in fleet.replicas if r.desired and r.state != "failed"]
@@ -130,23 +131,22 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> dict[str, Any
     fabrics, model_weights = status_summary.fabrics(
         [repo.model_to_dict(m) for m in fleet.models.values()], node_dicts, now,
         settings.node_timeout_s, used)
-    return {
-        "starts": [{"model": s.model, "node": s.node, "devices": list(s.devices),
-                    "parts": [{"rank": p.rank, "node": p.node, "devices": list(p.devices)}
-                              for p in s.parts], "why": s.why}
-                   for s in result.starts],
-        "stops": [{"replica": rid, "model": getattr(by_id.get(rid), "model", None),
-                   "node": getattr(by_id.get(rid), "node", None),
-                   "why": result.stop_reasons.get(rid, "no longer wanted")}
-                  for rid in result.stops],
-        "unplaceable": result.unplaceable,
-        "devices": status_summary.devices_by_class(
+    return admin.Plan(
+        starts=[admin.PlanStart(model=s.model, node=s.node, devices=list(s.devices),
+                                parts=[admin.PlanPart(rank=p.rank, node=p.node,
+                                                      devices=list(p.devices))
+                                       for p in s.parts], why=s.why)
+                for s in result.starts],
+        stops=[admin.PlanStop(replica=rid, model=getattr(by_id.get(rid), "model", None),
+                              node=getattr(by_id.get(rid), "node", None),
+                              why=result.stop_reasons.get(rid, "no longer wanted"))
+               for rid in result.stops],
+        unplaceable=dict(result.unplaceable),
+        devices=status_summary.devices_by_class(
             node_dicts, replica_dicts, now, settings.node_timeout_s, used,
             [repo.model_to_dict(m) for m in fleet.models.values()]),
-        "cards_unusable": status_summary.idle_cards(node_dicts),
-        "fabrics": fabrics,
-        "models": model_weights,
-    }
+        cards_unusable=status_summary.idle_cards(node_dicts),
+        fabrics=fabrics, models=model_weights)
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,

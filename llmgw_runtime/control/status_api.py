@@ -45,4 +45,4 @@ def status() -> Any:
 def plan() -> Any:
     """What placement would do now, without doing it, and why."""
     with store().begin() as conn:
-        return jsonify(fleet.plan_view(conn, now_of(conn), fleet_settings()))
+        return jsonify(fleet.plan_view(conn, now_of(conn), fleet_settings()).to_json())
