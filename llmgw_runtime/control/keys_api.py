@@ -1,8 +1,8 @@
 """Admin API: router API keys (``/api/v1/keys``): create, list, change, delete. Admin
 token on every route. A key is shown once, at creation; the store keeps its SHA-256.
 
-What a key may do is set here and carried to the routers in the routes table
-(routes_api.py): its priority in a model's queue, the models it may use (a scope: other
+What a key may do is set here (what each change writes: keys.py) and carried to the
+routers in the routes table (routes.py): its priority in a model's queue, the models it may use (a scope: other
 models answer 404 as if absent), when it expires (refused from then on) and its limits,
 requests and tokens per minute (refused with a 429 beyond them). Times are the store's
 clock, so a control host's wall clock never decides an expiry.
@@ -14,76 +14,29 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request
 
-from ..api.admin import Deleted, KeyCreate, KeyCreated, KeyInfo, Keys, KeyUpdate
+from ..api.admin import KeyCreate, KeyUpdate
 from ..api.parse import parse_json
-from ..errors import ConflictError, NotFoundError
-from ..security import hash_token, new_token
-from ..status.render import largest_unit
-from ..store import accounts, repo
+from ..security import new_token
+from . import keys
 from .web import by_whom, now_of, require, store
 
 bp = Blueprint("keys", __name__, url_prefix="/api/v1")
-
-
-def key_info(row: Any, now: float) -> KeyInfo:
-    """A key as ``GET /api/v1/keys`` lists it."""
-    expires_at = row.expires_at
-    rpm, tpm = accounts.key_limits(row)
-    return KeyInfo(name=row.name.removeprefix("key:"), created=row.created,
-                   priority=row.priority, models=accounts.key_models(row),
-                   expires_at=expires_at,
-                   expired=expires_at is not None and expires_at <= now, rpm=rpm, tpm=tpm)
-
-
-def describe(models: list[str] | None, expires_at: float | None, now: float,
-             rpm: int | None = None, tpm: int | None = None) -> str:
-    """What a key may do, for its event: "for models a, b, expiring in 30 d, at most 60
-    requests and 10000 tokens per minute"."""
-    parts = []
-    if models is not None:
-        parts.append("for model" + ("" if len(models) == 1 else "s") + " " + ", ".join(models))
-    if expires_at is not None:
-        parts.append(f"expiring in {largest_unit(expires_at - now)}")
-    limits = [f"{n} {what}" for n, what in ((rpm, "requests"), (tpm, "tokens")) if n]
-    if limits:
-        parts.append("at most " + " and ".join(limits) + " per minute")
-    return ", ".join(parts)
 
 
 @bp.post("/keys")
 @require("admin")
 def create_key() -> Any:
     spec = parse_json(KeyCreate, request.get_data(cache=True), what="API key")
-    name = spec.name
-    account = f"key:{name}"
-    key = new_token("api_key")
     with store().begin() as conn:
-        now = now_of(conn)
-        if accounts.account_exists(conn, account):
-            raise ConflictError(f"an API key named {name!r} exists; pick another name")
-        expires_at = None if spec.expires_in_s is None else now + spec.expires_in_s
-        models = None if spec.models is None else sorted(set(spec.models))
-        accounts.put_account(conn, account, "api_key", hash_token(key), now,
-                         priority=spec.priority, models=models, expires_at=expires_at)
-        if spec.rpm is not None or spec.tpm is not None:
-            made = accounts.account_by_hash(conn, hash_token(key))
-            assert made is not None        # just made, in this transaction
-            accounts.set_key_limits(conn, made.id, rpm=spec.rpm, tpm=spec.tpm)
-        what = describe(models, expires_at, now, spec.rpm, spec.tpm)
-        repo.add_event(conn, now, "key", name, "API key created"
-                       + ("" if spec.priority == "normal" else f" with {spec.priority} priority")
-                       + (f" {what}" if what else ""))
-    return jsonify(KeyCreated(name=name, key=key, priority=spec.priority, models=models,
-                              expires_at=expires_at, rpm=spec.rpm, tpm=spec.tpm).to_json()), 201
+        created = keys.create(conn, spec, new_token("api_key"), now_of(conn))
+    return jsonify(created.to_json()), 201
 
 
 @bp.get("/keys")
 @require("admin")
 def list_keys() -> Any:
     with store().begin() as conn:
-        now = now_of(conn)
-        rows = accounts.accounts_of_kind(conn, "api_key")
-    return jsonify(Keys(keys=[key_info(r, now) for r in rows]).to_json())
+        return jsonify(keys.listing(conn, now_of(conn)).to_json())
 
 
 @bp.patch("/keys/<path:name>")
@@ -92,52 +45,9 @@ def update_key(name: str) -> Any:
     """Change API key ``name``'s priority, scope, expiry or limits; routers use it from
     their next routes refresh. The key itself does not change."""
     change = parse_json(KeyUpdate, request.get_data(cache=True), what="key update")
-    fields: dict[str, Any] = {}
-    if change.models is not None:
-        fields["models"] = None if change.models == "all" else sorted(set(change.models))
-    limits = {kind: None if value == "none" else value
-              for kind, value in (("rpm", change.rpm), ("tpm", change.tpm))
-              if value is not None}
     with store().begin() as conn:
-        now = now_of(conn)
-        if change.expires_in_s is not None:
-            fields["expires_at"] = (None if change.expires_in_s == "never"
-                                    else now + change.expires_in_s)
-        row = accounts.update_key(conn, f"key:{name}", "api_key", priority=change.priority,
-                              **fields)
-        if row is None:
-            raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
-                                "list`")
-        accounts.set_key_limits(conn, row.id, **limits)
-        for line in _changes(row, change.priority, {**fields, **limits}, now):
-            repo.add_event(conn, now, "key", name, f"{line} by {by_whom()}")
-        updated = accounts.account_by_hash(conn, row.token_hash)
-    return jsonify(key_info(updated, now).to_json())
-
-
-_LIMIT_WORDS = {"rpm": "requests per minute", "tpm": "tokens per minute"}
-
-
-def _changes(row: Any, priority: str | None, fields: dict[str, Any], now: float
-             ) -> list[str]:
-    """One event line per thing that changed."""
-    lines = []
-    for kind, was in zip(("rpm", "tpm"), accounts.key_limits(row), strict=True):
-        if kind in fields and fields[kind] != was:
-            lines.append(f"API key limit {_LIMIT_WORDS[kind]} "
-                         f"{'none' if was is None else was} -> "
-                         f"{'none' if fields[kind] is None else fields[kind]}")
-    if priority is not None and priority != row.priority:
-        lines.append(f"API key priority {row.priority} -> {priority}")
-    if "models" in fields and fields["models"] != accounts.key_models(row):
-        models = fields["models"]
-        lines.append("API key limited to " + ", ".join(models) if models is not None
-                     else "API key may use every model")
-    if "expires_at" in fields and fields["expires_at"] != row.expires_at:
-        expires_at = fields["expires_at"]
-        lines.append("API key never expires" if expires_at is None
-                     else f"API key expires in {largest_unit(expires_at - now)}")
-    return lines
+        info = keys.update(conn, name, change, now_of(conn), by_whom())
+    return jsonify(info.to_json())
 
 
 @bp.delete("/keys/<path:name>")
@@ -145,8 +55,5 @@ def _changes(row: Any, priority: str | None, fields: dict[str, Any], now: float
 def delete_key(name: str) -> Any:
     """Delete the API key ``name``; routers refuse it from their next routes refresh."""
     with store().begin() as conn:
-        if not accounts.delete_account(conn, f"key:{name}", "api_key"):
-            raise NotFoundError(f"there is no API key named {name!r}; see `llmgw ctl keys "
-                                "list`")
-        repo.add_event(conn, now_of(conn), "key", name, f"API key deleted by {by_whom()}")
-    return jsonify(Deleted(deleted=name).to_json())
+        deleted = keys.delete(conn, name, now_of(conn), by_whom())
+    return jsonify(deleted.to_json())
