@@ -4,8 +4,8 @@
 control service scale the model between M and N on what the routers report
 (control/autoscale.py, docs/autoscaling.md); ``min: 0`` is an on-demand model (no replica
 until the first request, as ``on_demand: true``). ``autoscale`` tunes the rule, each
-setting with a documented default. Pure: catalog/parse.py parses entries with these; the settings and their bounds are
-defined in api/catalog.py (``Autoscale``).
+setting with a documented default. Pure: catalog/parse.py parses entries with these; the
+settings and their bounds are defined in api/catalog.py (``Autoscale``).
 """
 
 from __future__ import annotations
