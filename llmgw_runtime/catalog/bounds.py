@@ -179,6 +179,22 @@ def load_yaml(text: str) -> Any:
                            f"{str(exc)[:200]}; nothing was applied") from None
 
 
+def whole(problems: list[str], where: str, value: Any, low: int, high: int | None,
+          bound: str | None) -> int:
+    """``value`` as a whole number from ``low`` to ``high`` (``bound``: the MAX_* that
+    says so), or the nearest end of that range with a problem added."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append(f"{where} must be a whole number, not {brief(value)}")
+        return low
+    if value < low:
+        problems.append(f"{where} must be at least {low}, not {brief(value)}")
+    elif high is not None and value > high:
+        problems.append(f"{where} must be at most {high} (llmgw's {bound}), "
+                        f"not {brief(value)}")
+        return high
+    return value
+
+
 def unknown_fields(problems: list[str], who: str, where: str, raw: dict[Any, Any],
                    known: tuple[str, ...]) -> None:
     """A problem for each key of ``raw`` not in ``known``; ``where`` prefixes the key

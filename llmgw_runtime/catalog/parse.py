@@ -58,6 +58,7 @@ from .bounds import (
     cap_problems,
     load_yaml,
     unknown_fields,
+    whole,
 )
 from .names import NAME_RE, aliases_of, fallback_of, name_clashes
 from .scale import autoscale_of, replicas_of
@@ -75,20 +76,6 @@ SHA256 = re.compile(SHA256_PATTERN)
 _OWN_RULES = ("name", "source", "engine", "profile", "replicas", "replicas_max", "on_demand",
               "idle_stop_after_s", "args", "sha256", "slots", "aliases", "fallback",
               "autoscale")
-
-
-def _int(problems: list[str], where: str, value: Any, low: int, high: int | None,
-         bound: str | None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        problems.append(f"{where} must be a whole number, not {brief(value)}")
-        return low
-    if value < low:
-        problems.append(f"{where} must be at least {low}, not {brief(value)}")
-    elif high is not None and value > high:
-        problems.append(f"{where} must be at most {high} (llmgw's {bound}), "
-                        f"not {brief(value)}")
-        return high
-    return value
 
 
 def _number(problems: list[str], where: str, value: Any, limits: dict[str, Any],
@@ -132,7 +119,7 @@ def plain(problems: list[str], where: str, cls: type[pydantic.BaseModel], name: 
             return fallback
         return value
     if kind is int:
-        return _int(problems, where, value, limits.get("ge", limits.get("gt", 0)),
+        return whole(problems, where, value, limits.get("ge", limits.get("gt", 0)),
                     limits.get("le"), meta.get("bound"))
     if kind is float:
         number = _number(problems, where, value, limits, meta)

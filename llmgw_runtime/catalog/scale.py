@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.catalog import Autoscale, bounds, catalog_names
-from .bounds import MAX_REPLICAS, brief, brief_text, unknown_fields
+from .bounds import MAX_REPLICAS, brief, brief_text, unknown_fields, whole
 from .spec import parse_duration
 
 AUTOSCALE_FIELDS = catalog_names(Autoscale)
@@ -52,17 +52,10 @@ def scales(replicas: int, maximum: int | None, on_demand: bool) -> bool:
 
 
 def _whole(problems: list[str], where: str, value: Any, minimum: int) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        problems.append(f"{where} must be a whole number, not {brief(value)}")
-        return None
-    if value < minimum:
-        problems.append(f"{where} must be at least {minimum}, not {value}")
-        return None
-    if value > MAX_REPLICAS:
-        problems.append(f"{where} must be at most {MAX_REPLICAS} (llmgw's MAX_REPLICAS), "
-                        f"not {brief(value)}")
-        return None
-    return value
+    """A replica count from ``minimum`` to MAX_REPLICAS; None (and a problem) otherwise."""
+    before = len(problems)
+    count = whole(problems, where, value, minimum, MAX_REPLICAS, "MAX_REPLICAS")
+    return count if len(problems) == before else None
 
 
 def replicas_of(problems: list[str], who: str, raw: dict[str, Any]) -> Replicas:
