@@ -186,6 +186,10 @@ class Node(Answer):
     weights: dict[str, Any]
     hardware: Hardware | dict[str, Any] = Field(union_mode="left_to_right")
     problem: Text | None = None
+    # Cordoned: no new replica is placed on it; draining: its replicas move elsewhere
+    # (``ctl nodes cordon``/``drain``, docs/operations.md).
+    cordoned: Bool = False
+    draining: Bool = False
 
 
 class Part(Answer):
@@ -201,6 +205,16 @@ class ReplicaProgress(Answer):
     bytes: Finite
     total: Finite | None = None
     rate_bps: Finite = 0.0
+
+
+class ReplicaDrain(Answer):
+    """A replica that finishes its requests in flight, then stops: why, how many the
+    routers last said were in flight, and the seconds left before what is left is cut."""
+
+    reason: Text
+    in_flight: Count = 0
+    left_s: Finite = 0.0
+    since: Finite
 
 
 class Replica(Answer):
@@ -219,6 +233,10 @@ class Replica(Answer):
     rendezvous_port: Port | None = None
     progress: ReplicaProgress | None = None
     parts: list[Part] = Field(default_factory=list)
+    # Set while it finishes its requests before it stops (no new ones are sent to it).
+    draining: ReplicaDrain | None = None
+    # Whether it runs the model's current definition (False: an old one, being rolled).
+    current: Bool = True
 
 
 class Event(Answer):
@@ -239,6 +257,8 @@ class CatalogResult(Answer):
     unchanged: list[str]
     deleted: list[str]
     kept: list[str] = Field(default_factory=list)
+    # Models whose new definition rolls their running replicas (docs/operations.md).
+    rolls: list[str] = Field(default_factory=list)
     dry_run: Bool = False
     # A digest of ``deleted``: given back as ``?deletes=``, the apply deletes exactly these
     # or nothing (409), so a prune deletes what ``ctl`` showed and was confirmed.
@@ -340,3 +360,63 @@ class ErrorBody(Answer):
 
 class Error(Answer):
     error: ErrorBody
+
+
+# ------------------------------------------------------------------ rollouts and drains
+
+
+class VersionTally(Answer):
+    """Requests to one version of a model during its rollout, as the routers counted them."""
+
+    requests: Count = 0
+    errors: Count = 0
+    tokens: Count = 0
+    first_byte_s: Finite | None = None           # the mean, None before any answer
+
+
+class RolloutStatus(Answer):
+    """A model's rollout (``ctl rollout status``, docs/operations.md): ``state`` none (every
+    replica runs the current definition), rolling, canary (the new version holds
+    ``canary_percent`` of the requests until promoted), failed (the new version did not
+    start: the old replicas keep serving) or paused-for-room (nothing can start)."""
+
+    model: str
+    state: Literal["none", "rolling", "canary", "failed"]
+    definition: Text                             # the current definition hash (12 chars)
+    previous: Text | None = None                 # the one `ctl rollout undo` goes back to
+    wanted: SmallCount = 0
+    old_ready: SmallCount = 0
+    old_total: SmallCount = 0
+    new_ready: SmallCount = 0
+    new_total: SmallCount = 0
+    draining: SmallCount = 0
+    max_surge: SmallCount = 1
+    max_unavailable: SmallCount = 0
+    canary_percent: SmallCount = 0
+    waiting_for: Text | None = None
+    since: Finite | None = None
+    for_s: Finite | None = None
+    error: Text | None = None
+    versions: dict[str, VersionTally] = Field(default_factory=dict)   # "stable", "canary"
+
+
+class DrainRequest(Message):
+    """``POST /api/v1/nodes/NAME/drain``: ``force`` drains replicas that have nowhere to
+    go (their models lose capacity until there is room)."""
+
+    force: Bool = False
+
+
+class NodeDrain(Answer):
+    """A node's cordon and drain: what moved, what it waits for, and (refused without
+    ``force``) which models would lose capacity."""
+
+    node: str
+    cordoned: Bool
+    draining: Bool
+    done: Bool = False
+    moved: SmallCount = 0
+    total: SmallCount = 0
+    waiting_for: Text | None = None
+    lose_capacity: list[str] = Field(default_factory=list)
+    since: Finite | None = None

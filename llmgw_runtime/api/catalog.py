@@ -42,6 +42,7 @@ from ..catalog.bounds import (
     MAX_ARGS,
     MAX_AUTOSCALE_WINDOW_S,
     MAX_CLASS_CHARS,
+    MAX_DRAIN_TIMEOUT_S,
     MAX_FALLBACKS,
     MAX_GPUS,
     MAX_IDLE_STOP_AFTER_S,
@@ -163,6 +164,28 @@ class MaxTokens(Frozen):
         return self
 
 
+class Rollout(Frozen):
+    """How a new definition replaces a model's running replicas (docs/operations.md)."""
+
+    max_surge: int = Field(1, ge=0, le=MAX_REPLICAS, description=(
+        "new replicas started beside the old ones before an old one drains"),
+        json_schema_extra=Meta(bound="MAX_REPLICAS"))
+    max_unavailable: int = Field(0, ge=0, le=MAX_REPLICAS, description=(
+        "old replicas that may drain before their replacement is ready (1 for a fleet "
+        "with no room to start one more)"), json_schema_extra=Meta(bound="MAX_REPLICAS"))
+    canary_percent: int = Field(0, ge=0, le=99, description=(
+        "0: replace every replica; N: run one new replica beside the old ones with N% of "
+        "the requests until `llmgw ctl rollout promote`"))
+
+    @model_validator(mode="after")
+    def _can_progress(self) -> Rollout:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError("max_surge and max_unavailable are both 0, so no replica could "
+                             "ever be replaced; set max_surge: 1 (start the new one first) "
+                             "or max_unavailable: 1 (stop an old one first)")
+        return self
+
+
 class RouteFields(Frozen):
     """The fields of an entry the routers need: the routes table carries them as they are
     (api/router.py ``RouteModel`` extends this class)."""
@@ -245,6 +268,12 @@ class ModelSpec(RouteFields):
         json_schema_extra=Meta(bound="MAX_SLOTS_PER_REPLICA", hash=True))
     autoscale: Autoscale | None = Field(None, description=(
         "how a model with a replica range is scaled (None: it is not)"))
+    rollout: Rollout | None = Field(None, description=(
+        "{max_surge: 1, max_unavailable: 0, canary_percent: 0}: how a new definition "
+        "replaces the running replicas (None: those defaults)"))
+    drain_timeout_s: float = Field(120.0, gt=0, le=MAX_DRAIN_TIMEOUT_S, description=(
+        "how long a stopping replica may finish its requests in flight before they are cut"),
+        json_schema_extra=Meta(bound="MAX_DRAIN_TIMEOUT_S", unit=" of seconds", duration=True))
 
     @property
     def definition_hash(self) -> str:

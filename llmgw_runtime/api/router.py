@@ -43,6 +43,8 @@ class Endpoint(Answer):
     # Requests the replica serves at once (llama.cpp --parallel, vLLM --max-num-seqs, or
     # the catalog's slots); None: unknown, the router does not limit what it sends there.
     slots: Slots | None = None
+    # It runs the new version of a canary rollout (RouteModel.canary_percent).
+    canary: Bool = False
 
 
 class RouteModel(RouteFields):
@@ -63,6 +65,13 @@ class RouteModel(RouteFields):
     # The engine that serves it, named in the router's errors about paths the engine does
     # not serve; None from a control service older than the field.
     engine: Engine | None = None
+    # Replicas that finish the requests they have, then stop (docs/operations.md): no new
+    # request is sent to them; routers keep counting what they have in flight there and
+    # post it (IdleMap.in_flight) until the replica leaves this list.
+    draining: tuple[Id, ...] = Field(default=(), max_length=MAX_LIST, strict=False)
+    # The share of requests (percent) sent to the endpoints marked ``canary`` while a
+    # canary rollout holds; 0: no canary, every endpoint alike.
+    canary_percent: Annotated[int, Field(strict=True, ge=0, le=99)] = 0
 
 
 class KeyLimits(Answer):
@@ -123,6 +132,23 @@ class ModelCapacity(Message):
     at_capacity: Bool = True
 
 
+class VersionCounts(Message):
+    """Requests one router worker sent to one version of a model since its last post."""
+
+    requests: SmallCount = 0
+    errors: SmallCount = 0          # answered 5xx, or cut, by the engine or on the way
+    tokens: Annotated[int, Field(strict=True, ge=0, le=10**12)] = 0
+    first_byte_s: Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e7)] = 0.0  # summed
+    answered: SmallCount = 0        # requests whose first byte came (first_byte_s's count)
+
+
+class ModelVersions(Message):
+    """A canary rollout's two versions as one router worker saw them since its last post."""
+
+    stable: VersionCounts = Field(default_factory=VersionCounts)
+    canary: VersionCounts = Field(default_factory=VersionCounts)
+
+
 class IdleMap(Message):
     """How long ago this router last used each replica (seconds, by its own monotonic
     clock; the control service turns them into times with the store's clock, so a router
@@ -137,6 +163,13 @@ class IdleMap(Message):
     # service sums the load over routers and not over one router's workers. None: a
     # router older than the field.
     router: Id | None = None
+    # Which worker of that router posts (its process), and the requests this worker has
+    # in flight on each replica (absent: none): the control service stops a draining
+    # replica once every router worker says none are left. None: a router older than it.
+    worker: Id | None = None
+    in_flight: dict[Id, SmallCount] = Field(default_factory=dict, max_length=MAX_LIST * 4)
+    # Canary rollouts: each model's requests by version since this worker's last post.
+    versions: dict[Name, ModelVersions] = Field(default_factory=dict, max_length=MAX_LIST)
 
 
 class Unreachable(Message):

@@ -45,6 +45,7 @@ MAX_QUEUE_PER_MODEL = 100_000           # requests waiting per model in one rout
 MAX_WAIT_S = 3600.0                     # how long a request may wait for a slot
 MAX_AUTOSCALE_WINDOW_S = 86400.0        # autoscale's up_after_s, down_after_s, cooldown_s
 MAX_TOKENS_CAP = 10_000_000             # a model's max_tokens default and max
+MAX_DRAIN_TIMEOUT_S = 86400.0           # how long a stopping replica may finish its requests
 
 # -- error messages --------------------------------------------------------------------------
 MAX_PROBLEMS_LISTED = 50                # then "... and K more problems"

@@ -122,6 +122,12 @@ def plain(problems: list[str], where: str, cls: type[pydantic.BaseModel], name: 
         return whole(problems, where, value, limits.get("ge", limits.get("gt", 0)),
                     limits.get("le"), meta.get("bound"))
     if kind is float:
+        if meta.get("duration") and isinstance(value, str):
+            try:
+                value = parse_duration(value)
+            except ValueError as exc:
+                problems.append(f"{where} {exc}")
+                return fallback
         number = _number(problems, where, value, limits, meta)
         return fallback if number is None else number
     if isinstance(kind, type) and issubclass(kind, Frozen):

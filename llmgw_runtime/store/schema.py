@@ -21,7 +21,7 @@ from .models import spec_columns
 metadata = MetaData()
 
 # A model: its catalog entry, one column per field of api/catalog.py's ModelSpec (derived
-# there: store/models.py ``spec_columns``; revisions 0001, 0003, 0008, 0010-0012, 0014 added
+# there: store/models.py ``spec_columns``; revisions 0001, 0003, 0008, 0010-0012, 0014, 0015 added
 # them), and the fleet's state of it.
 models = Table(
     "models", metadata,
@@ -44,6 +44,13 @@ models = Table(
     Column("load", Text, nullable=True),
     Column("scale_target", Integer, nullable=True),
     Column("scale_state", Text, nullable=True),
+    # revision 0015 (rollouts, docs/operations.md): the rollout's state (JSON:
+    # control/rollout.py), the definition before the current one (JSON of its ModelSpec:
+    # what `ctl rollout undo` applies again), and when it was deleted from the catalog
+    # (its replicas drain first; the row goes with the last of them).
+    Column("rollout_state", Text, nullable=True),
+    Column("previous_definition", Text, nullable=True),
+    Column("deleted_at", Float, nullable=True),
 )
 
 nodes = Table(
@@ -66,6 +73,10 @@ nodes = Table(
     Column("inventory", String(64), nullable=True),
     # why the planner leaves it out (0007; ``problem`` is what its reports set)
     Column("plan_problem", Text, nullable=True),
+    # revision 0015: no new replica is placed on a cordoned node; a drain (JSON {since,
+    # force, by, total}) moves its replicas elsewhere (control/drain.py)
+    Column("cordoned", Integer, nullable=False, default=0, server_default="0"),
+    Column("drain", Text, nullable=True),
 )
 
 replicas = Table(
@@ -85,6 +96,16 @@ replicas = Table(
     # revision 0003: the port every part of a multi-node replica meets on; download progress
     Column("rendezvous_port", Integer, nullable=True),
     Column("progress", Text, nullable=True),     # JSON {"bytes", "total", "rate_bps"}
+    # revision 0015: the model definition it runs (its hash, and the launch fields an
+    # assignment carries, JSON), and its drain: since when, why, how long it may take,
+    # and what each router worker last said it has in flight there (JSON {worker:
+    # [count, store time]}).
+    Column("definition_hash", String(64), nullable=True),
+    Column("launch", Text, nullable=True),
+    Column("drain_since", Float, nullable=True),
+    Column("drain_reason", Text, nullable=True),
+    Column("drain_timeout_s", Float, nullable=True),
+    Column("in_flight", Text, nullable=True),
     Index("ix_replicas_model", "model"),
     Index("ix_replicas_node", "node"),
 )
