@@ -12,14 +12,17 @@ import click
 
 from ..api import admin as messages
 from ..catalog.spec import parse_duration
+from ..status.changes import replica_state
 from ..status.render import human_bytes, render
-from ..status.summary import device_label, location
+from ..status.summary import location
 from ..status.telling import telling_line
 from ..text import printable_doc
 from .client import DEFAULT_URL, ApiError
 from .common import client, part, say, show
 from .keys import keys
+from .nodes import node_rows, nodes  # noqa: F401 - node_rows: ctl's listing of them
 from .output import ago, emit, output_option, terminal_width
+from .rollout import rollout
 from .usage import usage
 
 URL_HELP = ("the control service [$LLMGW_CONTROL_URL, else the URL a running `llmgw up` "
@@ -124,6 +127,11 @@ def apply_lines(result: dict[str, Any]) -> list[str]:
     elif kept:
         lines.append(f"{plural(len(kept), 'model')} not in the catalog kept: "
                      f"{', '.join(kept)} (--prune deletes them)")
+    rolls = result.get("rolls") or []
+    if rolls:
+        lines.append(f"rolls: {', '.join(rolls)} (" + ("their replicas would be replaced"
+                     if dry else "their replicas are replaced") + " by the new definition, "
+                     "one at a time; `llmgw ctl rollout status MODEL` follows one)")
     if dry:
         lines.append("dry run: nothing was changed")
     return lines
@@ -159,70 +167,6 @@ def max_tokens_cell(cap: dict[str, Any] | None) -> str:
     return given + most + (" + clamp" if cap.get("clamp") else "")
 
 
-@ctl.group(invoke_without_command=True)
-@output_option
-@click.pass_context
-def nodes(ctx: click.Context, fmt: str) -> None:
-    """Nodes and their devices (``0``, ``0/mig1``), class, memory and health;
-    ``nodes reset NAME`` and ``nodes delete NAME`` revoke one."""
-    if ctx.invoked_subcommand is not None:
-        return
-    data = client(ctx).get("/api/v1/nodes", answer=messages.NodeList)
-    show(data, node_rows(data["nodes"], time.time()),
-         ("NODE", "REPORTED", "DEVICE", "CLASS", "MEMORY", "HEALTH"), fmt)
-
-
-@nodes.command("reset")
-@click.argument("name")
-@click.pass_context
-def nodes_reset(ctx: click.Context, name: str) -> None:
-    """Forget NAME's node credential: its host (reinstalled, or with a leaked credential)
-    joins again with the join token; the old credential is refused at once."""
-    client(ctx).post(f"/api/v1/nodes/{part(name)}/reset", {})
-    say(f"node {name}: credential reset; its agent joins again with the join token")
-
-
-@nodes.command("delete")
-@click.argument("name")
-@click.option("--force", is_flag=True,
-              help="delete it even though it reported within the node timeout")
-@click.pass_context
-def nodes_delete(ctx: click.Context, name: str, force: bool) -> None:
-    """Delete node NAME (a host that is gone) and the replicas that used it; they are
-    placed again elsewhere. Refused while it still reports, unless --force."""
-    result = client(ctx).request("DELETE", f"/api/v1/nodes/{part(name)}"
-                                 + ("?force=true" if force else ""))
-    gone = result.get("replicas") or []
-    say(f"node {name} deleted" + (f" with {len(gone)} replica(s), placed again elsewhere: "
-                                  + ", ".join(gone) if gone else ""))
-
-
-def node_rows(nodes_: list[dict[str, Any]], now: float) -> list[tuple[str, ...]]:
-    """One row per device, then one per card that can run nothing, with the reason."""
-    rows: list[tuple[str, ...]] = []
-    for node in nodes_:
-        lines: list[tuple[str, ...]] = []
-        for dev in node["devices"]:
-            memory = (f"{dev.get('memory_used_mb', 0) / 1024:.1f}/"
-                      f"{dev.get('memory_total_mb', 0) / 1024:.1f} GB")
-            health = "ok" if dev.get("healthy", True) else f"UNHEALTHY: {dev.get('reason')}"
-            lines.append((device_label(dev), dev["class"], memory, health))
-        hardware = node.get("hardware") or {}
-        for card in hardware.get("cards", []):
-            if card.get("problem"):
-                lines.append((f"{card['index']} (card)", card.get("klass") or "-", "-",
-                              f"RUNS NOTHING: {card['problem']}"))
-        if not lines:
-            problems = "; ".join(hardware.get("problems", [])) or "no devices reported"
-            lines.append(("-", "-", "-", problems))
-        if node.get("problem"):
-            lines.insert(0, ("-", "-", "-", f"PROBLEM: {node['problem']}"))
-        for i, line in enumerate(lines):
-            rows.append(((node["name"], ago(node["last_report"], now)) if i == 0
-                         else ("", "")) + line)
-    return rows
-
-
 @ctl.command()
 @output_option
 @click.pass_context
@@ -245,8 +189,10 @@ def where(replica: dict[str, Any]) -> str:
 
 def state_text(replica: dict[str, Any]) -> str:
     """The state, with download progress while fetching (``fetching 1.2 GB/4.0 GB 30%
-    at 85.0 MB/s``) and failed parts of a multi-node replica."""
-    text = replica["state"]
+    at 85.0 MB/s``), failed parts of a multi-node replica, ``draining (3 in flight, 40 s
+    left)`` while it finishes its requests and ``ready, old definition`` while a rollout
+    replaces it (status.changes)."""
+    text = replica_state(replica)
     progress = replica.get("progress") or {}
     if replica["state"] == "fetching" and progress:
         done, total = progress.get("bytes") or 0, progress.get("total")
@@ -371,4 +317,6 @@ def status_main() -> None:
 
 
 ctl.add_command(keys)
+ctl.add_command(nodes)
+ctl.add_command(rollout)
 ctl.add_command(usage)

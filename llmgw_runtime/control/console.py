@@ -25,7 +25,7 @@ from werkzeug.exceptions import HTTPException
 
 from .. import throttle
 from ..errors import LlmgwError, StoreError
-from ..status import render
+from ..status import changes, render
 from ..status.summary import at_capacity, device_label, location, node_alive
 from ..status.telling import telling_line
 from ..store import repo
@@ -220,6 +220,11 @@ def models() -> Any:
         now = now_of(conn)
         items = [{**m, "at_capacity": at_capacity(m, now)}
                  for m in fleet.models_view(conn, now)]
+        # each model's rollout as the summary says it (one summary behind every view)
+        rolls = {r["name"]: r for r in fleet.summary(
+            conn, now, fleet_settings(), idle_after_s=current_app.config["LLMGW"].idle_after_s,
+            store={})["rollouts"]}
+    items = [{**m, "rollout": rolls.get(m["name"])} for m in items]
     retried = request.args.get("retried")
     return page("models.html", "Models", models=items,
                 retried=retried if retried in {m["name"] for m in items} else None)
@@ -248,7 +253,8 @@ def replicas() -> Any:
         rep = repo.replica_to_dict(row, parts.get(row.id))
         idle = (now - rep["last_used"] if rep["state"] == "ready"
                 and rep["last_used"] is not None else None)
-        shown.append({**rep, "where": location(rep), "idle_s": idle})
+        shown.append({**rep, "where": location(rep), "idle_s": idle,
+                      "state_text": changes.replica_state(rep)})
     return page("replicas.html", "Replicas", replicas=shown, paging=pager)
 
 

@@ -29,7 +29,8 @@ STATE_COLOUR = {"ready": "green", "idle": "dim", "parked": "red", "unplaceable":
                 "pending": "yellow", "fetching": "yellow", "stopping": "dim",
                 "stopped": "dim", "unreachable": "yellow"}
 
-SECTIONS = ("head", "capacity", "fabrics", "models", "scaling", "problems", "idle", "store")
+SECTIONS = ("head", "capacity", "fabrics", "models", "scaling", "changes", "problems", "idle",
+            "store")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 Paint = Callable[[str, str], str]
 
@@ -131,7 +132,8 @@ def render(summary: dict[str, Any], width: int = 100, color: bool = False,
     summary = printable_doc(summary, keep_newlines=True)
     lines: list[str] = []
     parts = {"head": head, "capacity": capacity, "fabrics": fabrics, "models": models,
-             "scaling": scaling, "problems": problems, "idle": idle, "store": store}
+             "scaling": scaling, "changes": changes, "problems": problems, "idle": idle,
+             "store": store}
     for section in (parts[name] for name in sections):
         block = section(summary, width, paint)
         if block:
@@ -152,9 +154,14 @@ def head(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     text = f"nodes {number(nodes['reporting'])}/{number(nodes['total'])} reporting"
     if nodes["silent"]:
         text += " (" + paint(f"{number(nodes['silent'])} silent", "red") + ")"
+    out = [paint(f"{number(nodes[k])} {k}", "yellow") for k in ("cordoned", "draining")
+           if nodes.get(k)]
+    text += "; " + ", ".join(out) if out else ""
     reps = s["replicas"]
     rep_text = ", ".join(paint(f"{k} {number(v)}", STATE_COLOUR.get(k, "dim"))
                          for k, v in reps.items()) or "none"
+    if s.get("replicas_draining"):
+        rep_text += " (" + paint(f"{number(s['replicas_draining'])} draining", "yellow") + ")"
     wanted = sum(m["wanted"] for m in s["models"])
     ready = sum(m["ready"] for m in s["models"])
     model_text = (f"models {number(len(s['models']))}: {plural(ready, 'replica')} ready "
@@ -266,7 +273,8 @@ def models(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
     if len(all_models) <= SHOW_ALL_MODELS:
         listed, title = all_models, "models:"
     else:
-        listed = [m for m in all_models if m["state"] not in FINE or m.get("at_capacity")]
+        listed = [m for m in all_models if m["state"] not in FINE or m.get("at_capacity")
+                  or m.get("rollout")]
         fine = len(all_models) - len(listed)
         title = (f"models: {number(fine)} of {number(len(all_models))} ready or idle; "
                  "the others:")
@@ -288,9 +296,13 @@ def models(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
 
 
 def model_state(m: dict[str, Any]) -> str:
-    """``ready``, ``ready (on demand)``, ``ready, at capacity``."""
+    """``ready``, ``ready (on demand)``, ``ready, at capacity``, ``ready, rolling 1/2``,
+    ``ready, canary 10 %``, ``ready, rollout failed`` (the error: ``changes``)."""
+    roll = m.get("rollout")
     return (m["state"] + (" (on demand)" if m["on_demand"] else "")
-            + (f", {AT_CAPACITY}" if m.get("at_capacity") else ""))
+            + (f", {AT_CAPACITY}" if m.get("at_capacity") else "")
+            + ("" if not roll else ", rollout failed" if roll["state"] == "failed"
+               else f", {roll['text']}"))
 
 
 def model_reason(m: dict[str, Any]) -> str:
@@ -340,6 +352,30 @@ def scaling_window(c: dict[str, Any]) -> str:
         left = settings["down_after_s"] - c["down_for_s"]
         return f"down in {duration(left)}" if left > 0 else "down pending"
     return "steady"
+
+
+def changes(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
+    """Models in rollout (``rolling 1/2``, ``canary 10 %``, ``rollout failed: ...``) and
+    nodes out of placement (cordoned, draining), each with how long or what is left."""
+    out: list[str] = []
+    rolls, more = capped(s.get("rollouts") or [], LIST_CAP, "llmgw ctl status -o json")
+    if rolls:
+        out.append(f"rollouts ({number(len(s['rollouts']))}): llmgw ctl rollout status MODEL")
+        out += table([(r["name"], "-" if r["since"] is None else
+                       duration(s["generated_at"] - r["since"]), r["text"]) for r in rolls],
+                     ("MODEL", "FOR", "ROLLOUT"), width, paint,
+                     lambda col, text: "red" if col == 2 and "failed" in text else None)
+        out += [more] if more else []
+    held, more = capped(s.get("maintenance") or [], LIST_CAP, "llmgw ctl nodes")
+    if held:
+        out += [""] if out else []
+        out.append(f"nodes out of placement ({number(len(s['maintenance']))}): "
+                   "llmgw ctl nodes uncordon NAME takes one back")
+        out += table([(n["name"], n["state"], n["replicas"]) for n in held],
+                     ("NODE", "STATE", "REPLICAS ON IT"), width, paint,
+                     lambda col, text: "yellow" if col == 1 else None)
+        out += [more] if more else []
+    return out
 
 
 def problems(s: dict[str, Any], width: int, paint: Paint) -> list[str]:

@@ -16,6 +16,7 @@ from ..fleetvocab import (
     label_of_id,
     shares_device,
 )
+from . import changes
 
 NO_FABRIC = "(none)"
 SCHEMA = 1                      # bump when a field changes meaning or goes away
@@ -221,8 +222,8 @@ def idle_replicas(replicas: list[dict[str, Any]], nodes: list[dict[str, Any]], n
     no router has reported is unknown, not idle: listed apart, ``idle_s`` -1."""
     idle, unknown = [], []
     for r in replicas:
-        if r["state"] != "ready" or not r.get("desired", True):
-            continue
+        if r["state"] != "ready" or not r.get("desired", True) or r.get("draining"):
+            continue                               # a draining one is already stopping
         if r.get("last_used") is not None and now - r["last_used"] < idle_after_s:
             continue                               # in use: no labels to make
         spots = [(r["node"], r["devices"])] + [(p["node"], p["devices"])
@@ -280,28 +281,35 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
           replicas: list[dict[str, Any]], now: float, node_timeout_s: float = 30.0, *,
           idle_after_s: float = 900.0, store: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary every status view renders (schema: docs/api.md, "GET /api/v1/status"):
-    nodes, devices by class, free whole nodes and weights per fabric, replicas by state,
-    models desired vs ready, parked, unplaceable and at-capacity models, idle replicas,
-    the store."""
+    nodes (cordoned and draining ones too), devices by class, free whole nodes and weights
+    per fabric, replicas by state (and how many drain), models desired vs ready and in
+    rollout, parked, unplaceable and at-capacity models, idle replicas, the store."""
     full = {m["name"]: at_capacity(m, now) for m in models}
+    rolls = {m["name"]: changes.rollout_of(m, replicas) for m in models}
+    out_of_service = changes.maintenance(nodes, replicas)
     alive = sum(1 for n in nodes if node_alive(n, now, node_timeout_s))
     used = used_devices(replicas)
     by_fabric, weights = fabrics(models, nodes, now, node_timeout_s, used)
     return {
         "schema": SCHEMA,
         "generated_at": now,
-        "nodes": {"total": len(nodes), "reporting": alive, "silent": len(nodes) - alive},
+        "nodes": {"total": len(nodes), "reporting": alive, "silent": len(nodes) - alive,
+                  **{state: sum(1 for n in out_of_service if n["state"] == state)
+                     for state in ("cordoned", "draining")}},
+        "maintenance": out_of_service,
         "devices": devices_by_class(nodes, replicas, now, node_timeout_s, used, models),
         "cards_unusable": idle_cards(nodes),
         "replicas": dict(sorted(Counter(r["state"] for r in replicas).items())),
+        "replicas_draining": sum(1 for r in replicas if r.get("draining")),
         "models": [{"name": m["name"], "state": m["state"], "ready": m["ready"],
                     "wanted": m["wanted"], "reason": m["reason"],
                     "on_demand": m["on_demand"], "parked": bool(m.get("parked")),
                     "consecutive_failures": m.get("consecutive_failures", 0),
                     "last_error": m.get("last_error"), "at_capacity": full[m["name"]],
-                    "scaling": m.get("scaling"),
+                    "scaling": m.get("scaling"), "rollout": rolls[m["name"]],
                     **weights[m["name"]]}
                    for m in models],
+        "rollouts": [{"name": name, **r} for name, r in rolls.items() if r is not None],
         "parked": [{"name": m["name"], "failures": m.get("consecutive_failures", 0),
                     "last_error": m.get("last_error") or m["reason"]}
                    for m in models if m["state"] == "parked"],
