@@ -1,6 +1,7 @@
 """llmgw.cluster.llmgw_model through real ansible-playbook runs against a real control
 service: create, idempotence, update with diff, check mode, delete, server refusals; every
-catalog field (a replicas range, autoscale, routing, aliases, fallback, max_tokens, ...)
+catalog field (a replicas range, autoscale, routing, aliases, fallback, max_tokens,
+rollout, drain_timeout_s, ...)
 applied and compared as the server stores it."""
 
 from __future__ import annotations
@@ -206,6 +207,34 @@ def test_max_tokens_is_created_compared_with_its_defaults_and_changed(
     assert stored(playbook, "qwen")["max_tokens"] is None
 
 
+def test_rollout_and_drain_timeout_are_created_compared_as_stored_and_changed(
+        playbook: Playbook) -> None:
+    declared = model_task(replicas=2, rollout={"max_unavailable": 1}, drain_timeout_s="2m")
+
+    first, second, surged, longer, again, unset = playbook.run(
+        declared, {**declared, "diff": True},
+        model_task(replicas=2, rollout={"max_surge": 2, "max_unavailable": 1},
+                   drain_timeout_s="2m"),
+        model_task(replicas=2, rollout={"max_surge": 2, "max_unavailable": 1},
+                   drain_timeout_s=600),
+        model_task(replicas=2, rollout={"max_surge": 2, "max_unavailable": 1},
+                   drain_timeout_s="10m"),
+        model_task(replicas=2))
+
+    assert first["changed"] is True
+    assert first["model"]["rollout"] == {"max_surge": 1, "max_unavailable": 1,
+                                         "canary_percent": 0}
+    assert first["model"]["drain_timeout_s"] == 120.0
+    assert second["changed"] is False and second["changed_fields"] == [], second
+    assert second["diff"]["before"] == second["diff"]["after"]
+    assert surged["changed_fields"] == ["rollout"]
+    assert longer["changed_fields"] == ["drain_timeout_s"]
+    assert again["changed"] is False, again
+    assert unset["changed_fields"] == ["rollout", "drain_timeout_s"]
+    model = stored(playbook, "qwen")
+    assert (model["rollout"], model["drain_timeout_s"]) == (None, 120.0)
+
+
 def test_a_changed_range_is_reported_and_applied(playbook: Playbook) -> None:
     playbook.run(model_task(replicas={"min": 1, "max": 3}))
 
@@ -249,6 +278,8 @@ def test_a_bad_value_is_refused_with_the_servers_message(playbook: Playbook) -> 
         "alias other is already the name of model other": {"aliases": ["other"]},
         "max_tokens default (5000) is above max (100); lower the default or raise the max": {
             "replicas": {"min": 0, "max": 3}, "max_tokens": {"default": 5000, "max": 100}},
+        "max_surge and max_unavailable are both 0": {
+            "replicas": {"min": 0, "max": 3}, "rollout": {"max_surge": 0, "max_unavailable": 0}},
     }
 
     results = playbook.run(*({**model_task(**fields), "ignore_errors": True}

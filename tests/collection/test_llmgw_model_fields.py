@@ -3,7 +3,7 @@
 The collection runs on hosts without llmgw_runtime, so its field names, defaults and
 documentation are literals (module_utils/llmgw_catalog.py, the module's DOCUMENTATION and
 argument_spec). These tests are what keeps them the entry's: a field of ``ModelSpec`` (or of
-a nested entry: profile, autoscale, max_tokens) missing from any of them, one of them naming
+a nested entry: profile, autoscale, max_tokens, rollout) missing from any of them, one of them naming
 a field the entry does not have, or a default that differs, fails here. Then the behaviour:
 a declared entry compares equal to what the server stores for it (so a second run changes
 nothing), and an entry the server refuses never does (so it is sent and refused). Fast: the
@@ -230,7 +230,9 @@ FULL = {"replicas": {"min": 1, "max": 3},
         "routing": "least-outstanding", "slots": 4, "max_queue": 10, "max_wait_s": 20,
         "aliases": ["gpt-4o-mini", "small"], "fallback": ["other"], "strategy": "spread",
         "sha256": "AB" * 32, "size_bytes": 1234, "args": ["--ctx-size", 512],
-        "max_tokens": {"default": 256, "max": 4096, "clamp": True}}
+        "max_tokens": {"default": 256, "max": 4096, "clamp": True},
+        "rollout": {"max_surge": 2, "max_unavailable": 1, "canary_percent": 10},
+        "drain_timeout_s": "5m"}
 
 
 def test_the_every_field_case_declares_every_optional_field() -> None:
@@ -288,9 +290,18 @@ def apply_and_read(store: Store, entry: dict[str, Any]) -> dict[str, Any]:
     pytest.param({"max_tokens": {"default": "512", "clamp": "yes"}},
                  id="max-tokens-templated"),
     pytest.param({"max_tokens": {}}, id="max-tokens-empty"),
+    pytest.param({"rollout": {"max_unavailable": 1}}, id="rollout-one-setting"),
+    pytest.param({"rollout": {"max_surge": "0", "max_unavailable": "1"}},
+                 id="rollout-templated"),
+    pytest.param({"rollout": {}}, id="rollout-empty"),
+    pytest.param({"drain_timeout_s": "2m"}, id="drain-timeout-duration"),
+    pytest.param({"drain_timeout_s": 45}, id="drain-timeout-number"),
+    pytest.param({"drain_timeout_s": "90"}, id="drain-timeout-templated"),
     pytest.param({"routing": "prefix-affinity", "max_queue": 100, "max_wait_s": 30,
                   "strategy": "binpack", "aliases": [], "fallback": [],
-                  "max_tokens": {"default": None, "max": None, "clamp": False}},
+                  "max_tokens": {"default": None, "max": None, "clamp": False},
+                  "rollout": {"max_surge": 1, "max_unavailable": 0, "canary_percent": 0},
+                  "drain_timeout_s": 120},
                  id="defaults-said-out-loud"),
 ])
 def test_a_declared_entry_compares_equal_to_what_the_server_stores(
@@ -323,6 +334,13 @@ def test_a_declared_entry_compares_equal_to_what_the_server_stores(
      "max_tokens default (5000) is above max (100)"),
     ({"max_tokens": {"max": 10_000_000}}, {"max_tokens": {"max": 10_000_001}},
      "max_tokens.max must be at most 10000000"),
+    ({"rollout": {"max_surge": 0, "max_unavailable": 1}},
+     {"rollout": {"max_surge": 0, "max_unavailable": 0}},
+     "max_surge and max_unavailable are both 0"),
+    ({"rollout": {"canary_percent": 99}}, {"rollout": {"canary_percent": 100}},
+     "canary_percent"),
+    ({"drain_timeout_s": "1d"}, {"drain_timeout_s": "2d"}, "drain_timeout_s"),
+    ({"drain_timeout_s": 120}, {"drain_timeout_s": "2 minutes"}, "drain_timeout_s"),
 ])
 def test_an_entry_the_server_refuses_never_equals_the_stored_model(
         store: Store, kept: dict[str, Any], refused: dict[str, Any], why: str) -> None:
@@ -343,13 +361,36 @@ def test_a_changed_max_tokens_setting_is_one_changed_field(store: Store) -> None
     assert compare.differences(compare.stored(model), declared) == ["max_tokens"]
 
 
+def test_a_changed_rollout_setting_is_one_changed_field(store: Store) -> None:
+    model = apply_and_read(store, compare.declared(params(rollout={"max_unavailable": 1}))[0])
+    _, same = compare.declared(params(rollout={"max_surge": 1, "max_unavailable": 1}))
+    _, surged = compare.declared(params(rollout={"max_surge": 2, "max_unavailable": 1}))
+    _, unset = compare.declared(params())
+
+    assert compare.differences(compare.stored(model), same) == []
+    assert compare.differences(compare.stored(model), surged) == ["rollout"]
+    assert compare.differences(compare.stored(model), unset) == ["rollout"]
+
+
+def test_a_drain_timeout_is_compared_in_seconds(store: Store) -> None:
+    model = apply_and_read(store, compare.declared(params(drain_timeout_s="2m"))[0])
+    _, seconds = compare.declared(params(drain_timeout_s=120))
+    _, unset = compare.declared(params())
+    _, longer = compare.declared(params(drain_timeout_s="10m"))
+
+    assert model["drain_timeout_s"] == 120.0
+    assert compare.differences(compare.stored(model), seconds) == []
+    assert compare.differences(compare.stored(model), unset) == []     # 120 s: the default
+    assert compare.differences(compare.stored(model), longer) == ["drain_timeout_s"]
+
+
 def test_a_field_the_server_does_not_show_counts_as_its_default(store: Store) -> None:
     """A control service older than a field answers without it: no change is reported
     for a task that leaves the field out."""
     entry, declared = compare.declared(params())
     model = apply_and_read(store, entry)
     for key in ("routing", "slots", "max_queue", "max_wait_s", "aliases", "fallback",
-                "replicas_max", "autoscale", "max_tokens"):
+                "replicas_max", "autoscale", "max_tokens", "rollout", "drain_timeout_s"):
         model.pop(key)
 
     assert compare.differences(compare.stored(model), declared) == []

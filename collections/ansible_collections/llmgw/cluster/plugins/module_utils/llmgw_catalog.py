@@ -14,6 +14,9 @@ checks against that definition):
 - ``autoscale``: every setting, in seconds, defaults filled in, for a model whose range
   leaves room to scale; null otherwise;
 - ``max_tokens``: every setting, defaults filled in (``{}`` is stored as every default);
+- ``rollout``: every setting, defaults filled in (``{}`` is stored as every default; not
+  set is null, which the server reads as those defaults);
+- ``drain_timeout_s`` ``2m``: 120.0 (a duration, stored in seconds);
 - ``sha256`` in lower case, ``max_wait_s`` as a float, ``args`` as strings.
 
 ``declared()`` puts the task's fields in that form and ``stored()`` reads the server's model
@@ -28,24 +31,28 @@ import re
 # The fields compared, in the order a diff shows them: the server's names and forms.
 FIELDS = ("name", "source", "engine", "profile", "replicas", "replicas_max", "on_demand",
           "idle_stop_after_s", "autoscale", "args", "strategy", "sha256", "size_bytes",
-          "routing", "slots", "max_queue", "max_wait_s", "aliases", "fallback", "max_tokens")
+          "routing", "slots", "max_queue", "max_wait_s", "aliases", "fallback", "max_tokens",
+          "rollout", "drain_timeout_s")
 # The entry's optional fields, sent only when the task sets them.
 OPTIONAL = ("replicas", "on_demand", "idle_stop_after", "autoscale", "args", "strategy",
             "sha256", "size_bytes", "routing", "slots", "max_queue", "max_wait_s", "aliases",
-            "fallback", "max_tokens")
+            "fallback", "max_tokens", "rollout", "drain_timeout_s")
 # What the server stores for a field the entry leaves out (api/catalog.py ModelSpec); also
 # what a control service older than a field is taken to hold.
 DEFAULTS = {"replicas": 1, "replicas_max": None, "on_demand": False,
             "idle_stop_after_s": None, "autoscale": None, "args": [], "strategy": "binpack",
             "sha256": None, "size_bytes": None, "routing": "prefix-affinity", "slots": None,
             "max_queue": 100, "max_wait_s": 30.0, "aliases": [], "fallback": [],
-            "max_tokens": None}
+            "max_tokens": None, "rollout": None, "drain_timeout_s": 120.0}
 # autoscale's settings and defaults (api/catalog.py Autoscale); all but busy_below are
 # durations.
 AUTOSCALE_DEFAULTS = {"wait_target_s": 2.0, "up_after_s": 30.0, "busy_below": 0.3,
                       "down_after_s": 300.0, "cooldown_s": 60.0}
 # max_tokens' settings and defaults (api/catalog.py MaxTokens).
 MAX_TOKENS_DEFAULTS = {"default": None, "max": None, "clamp": False}
+# rollout's settings and defaults (api/catalog.py Rollout): how a new definition replaces
+# the running replicas.
+ROLLOUT_DEFAULTS = {"max_surge": 1, "max_unavailable": 0, "canary_percent": 0}
 # profile's sizes, each 1 by default (api/catalog.py Profile).
 PROFILE_SIZES = ("gpus", "tp", "pp", "nodes")
 
@@ -151,6 +158,32 @@ def max_tokens_fields(raw):
     return out
 
 
+def rollout_fields(raw):
+    """``rollout`` as the server stores it: every setting with the defaults filled in, None
+    when not set. A setting the module does not know, a value that is not a whole number, or
+    a mapping that is not one stays as it is: no stored model has that form, so it is sent
+    and the server says why (as it does for max_surge and max_unavailable both 0, which no
+    stored model has either)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - set(ROLLOUT_DEFAULTS):
+        return raw
+    out = dict(ROLLOUT_DEFAULTS)
+    for key, value in raw.items():
+        value = _as_int(value)
+        if not _whole(value):
+            return raw
+        out[key] = value
+    return out
+
+
+def duration_field(value):
+    """A duration as the server stores it (seconds, a float); an unparsable one stays as it
+    is, so it never equals the stored one and the server gets to refuse it."""
+    seconds = parse_duration(value)
+    return seconds if seconds is not None or value is None else value
+
+
 def normal_profile(profile):
     """A profile with the server's defaults filled in and unset options dropped."""
     profile = dict(profile or {})
@@ -181,7 +214,7 @@ def declared(params):
             entry[key] = params[key]
     if "replicas" in entry:
         entry["replicas"] = replicas_value(entry["replicas"])
-    for key in ("autoscale", "max_tokens"):
+    for key in ("autoscale", "max_tokens", "rollout"):
         if isinstance(entry.get(key), dict):
             entry[key] = {k: v for k, v in entry[key].items() if v is not None}
     if "args" in entry:
@@ -197,14 +230,15 @@ def comparable(entry):
     fields.update(replicas=replicas, replicas_max=replicas_max, on_demand=on_demand)
     fields["autoscale"] = autoscale_fields(entry.get("autoscale"), replicas, replicas_max,
                                            on_demand)
-    idle = entry.get("idle_stop_after")
-    idle_s = parse_duration(idle)
     # An unparsable duration never equals the stored one: the server gets to refuse it.
-    fields["idle_stop_after_s"] = idle_s if idle_s is not None or idle is None else idle
+    fields["idle_stop_after_s"] = duration_field(entry.get("idle_stop_after"))
+    fields["drain_timeout_s"] = duration_field(entry.get("drain_timeout_s",
+                                                         DEFAULTS["drain_timeout_s"]))
     if isinstance(fields["sha256"], str):
         fields["sha256"] = fields["sha256"].lower()
     fields["max_wait_s"] = _float(fields["max_wait_s"])
     fields["max_tokens"] = max_tokens_fields(entry.get("max_tokens"))
+    fields["rollout"] = rollout_fields(entry.get("rollout"))
     for key in ("args", "aliases", "fallback"):
         fields[key] = list(fields[key])
     return fields
@@ -219,7 +253,7 @@ def stored(model):
     out["profile"] = normal_profile(model.get("profile"))
     for key in ("args", "aliases", "fallback"):
         out[key] = [str(a) for a in (out[key] or [])]
-    for key in ("idle_stop_after_s", "max_wait_s"):
+    for key in ("idle_stop_after_s", "max_wait_s", "drain_timeout_s"):
         out[key] = _float(out[key])
     if isinstance(out["autoscale"], dict):
         out["autoscale"] = {k: _float(v) for k, v in out["autoscale"].items()}

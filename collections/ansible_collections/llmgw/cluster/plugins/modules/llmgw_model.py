@@ -17,10 +17,11 @@ description:
     never deletes other models.
   - "The comparison is made in the form the server stores. The fields left out take the
     server's defaults, which each option names (the O(autoscale) settings' defaults for a
-    model that scales; no O(args), O(aliases), O(fallback) or O(max_tokens)). A O(replicas)
-    range is compared as the stored C(replicas) (its min), C(replicas_max) and
-    C(on_demand); durations are compared in seconds; a O(max_tokens) mapping with every
-    setting, its defaults filled in. A task run twice reports no change the second time."
+    model that scales; no O(args), O(aliases), O(fallback), O(max_tokens) or O(rollout)).
+    A O(replicas) range is compared as the stored C(replicas) (its min), C(replicas_max)
+    and C(on_demand); durations are compared in seconds (O(drain_timeout_s) C(2m) equals a
+    stored C(120.0)); a O(max_tokens) or O(rollout) mapping with every setting, its
+    defaults filled in. A task run twice reports no change the second time."
   - The fields and their rules are the catalog's (C(docs/catalog.md) of the llmgw
     repository); the module types them and the server validates them.
   - O(state=absent) sends C(DELETE /api/v1/models/<name>) when the model exists.
@@ -297,6 +298,50 @@ options:
             HTTP 400.
           - The server's default is false.
         type: bool
+  rollout:
+    description:
+      - "How a change of the model's definition (O(source), O(sha256), O(size_bytes),
+        O(engine), O(profile), O(args), O(slots)) replaces its running replicas,
+        C({max_surge: 1, max_unavailable: 0, canary_percent: 0}); every setting is
+        optional. Not set, the control service rolls with those defaults."
+      - A rollout starts a new replica, waits until it is ready, drains an old one (its
+        requests in flight finish, see O(drain_timeout_s)) and repeats; a new version that
+        fails to start stops the rollout and the old replicas keep serving.
+      - "Compared with every setting filled in, so C({max_unavailable: 1}) and a stored
+        C({max_surge: 1, max_unavailable: 1, canary_percent: 0}) are the same.
+        C(docs/operations.md) of the llmgw repository describes rollouts."
+    type: dict
+    version_added: "0.4.0"
+    suboptions:
+      max_surge:
+        description:
+          - New replicas started beside the old ones before an old one drains.
+          - O(rollout.max_surge) and O(rollout.max_unavailable) may not both be 0.
+          - The server's default is 1.
+        type: int
+      max_unavailable:
+        description:
+          - Old replicas that may drain before their replacement is ready; 1 for a fleet
+            with no room to start one more replica beside the old ones.
+          - The server's default is 0.
+        type: int
+      canary_percent:
+        description:
+          - "0: replace every replica. 1 to 99: run one new replica beside the old ones
+            with that share of the model's requests until C(llmgw ctl rollout promote),
+            or until its error rate rolls it back."
+          - The server's default is 0.
+        type: int
+  drain_timeout_s:
+    description:
+      - "How long a replica that is to stop (idle stop, scale down, a lowered O(replicas),
+        a rollout, a node drain, the model deleted) may finish its requests in flight; what
+        still runs then is cut and counted. A number of seconds or C(90s), C(10m), C(1h)
+        (above 0, at most a day)."
+      - The server stores it in seconds, so C(2m) and a stored C(120.0) are the same.
+      - The server's default is 120 seconds.
+    type: raw
+    version_added: "0.4.0"
 """
 
 EXAMPLES = r"""
@@ -389,6 +434,31 @@ EXAMPLES = r"""
   delegate_to: localhost
   run_once: true
 
+- name: Roll a new version in place on a full fleet, 5 minutes for streams to finish
+  llmgw.cluster.llmgw_model:
+    name: chat
+    source: file:///srv/models/qwen2.5-7b-instruct-q5_k_m.gguf
+    engine: llama.cpp
+    profile: {class: a100-80g}
+    replicas: 4
+    rollout:
+      max_surge: 0
+      max_unavailable: 1    # no room for a fifth replica: replace them one at a time
+    drain_timeout_s: 5m
+  delegate_to: localhost
+  run_once: true
+
+- name: A canary taking 10 % of the requests until llmgw ctl rollout promote chat
+  llmgw.cluster.llmgw_model:
+    name: chat
+    source: file:///srv/models/qwen2.5-7b-instruct-q6_k.gguf
+    engine: llama.cpp
+    profile: {class: a100-80g}
+    replicas: 4
+    rollout: {canary_percent: 10}
+  delegate_to: localhost
+  run_once: true
+
 - name: Remove a model
   llmgw.cluster.llmgw_model:
     control_url: https://ctl1.example.net:8470
@@ -429,6 +499,8 @@ model:
     aliases: [qwen]
     fallback: []
     max_tokens: {default: 512, max: 4096, clamp: false}
+    rollout: {max_surge: 1, max_unavailable: 0, canary_percent: 0}
+    drain_timeout_s: 120.0
     state: starting
     reason: null
     ready: 0
@@ -511,6 +583,10 @@ def argument_spec():
         fallback=dict(type="list", elements="str"),
         max_tokens=dict(type="dict", options=dict(
             default=dict(type="int"), max=dict(type="int"), clamp=dict(type="bool"))),
+        rollout=dict(type="dict", options=dict(
+            max_surge=dict(type="int"), max_unavailable=dict(type="int"),
+            canary_percent=dict(type="int"))),
+        drain_timeout_s=dict(type="raw"),
     )
 
 
