@@ -145,15 +145,35 @@ def plural(n: int, word: str) -> str:
 @output_option
 @click.pass_context
 def models(ctx: click.Context, fmt: str) -> None:
-    """Models with their state (ready, starting, parked, unplaceable ...)."""
-    data = client(ctx).get("/api/v1/models", answer=messages.ModelList)
+    """Models with their state (ready, starting, parked, unplaceable ...) and rollout
+    (``ready, rolling 1/2``, ``canary 10 %``, ``rollout failed``: ``ctl rollout status``)."""
+    api = client(ctx)
+    data = api.get("/api/v1/models", answer=messages.ModelList)
+    # each model's rollout as the fleet summary says it (the one summary of every view)
+    rolls = {} if fmt == "json" else {
+        r["name"]: r for r in api.get("/api/v1/status").get("rollouts") or []}
     rows = [(m["name"], m["engine"], m["profile"]["class"], f"{m['ready']}/{m['wanted']}",
-             m["state"] + (" (on demand)" if m["on_demand"] else ""),
+             m["state"] + (" (on demand)" if m["on_demand"] else "")
+             + rollout_cell(rolls.get(m["name"])),
              m["consecutive_failures"], max_tokens_cell(m.get("max_tokens")),
-             telling(m["reason"]))
+             rollout_reason(rolls.get(m["name"]), telling(m["reason"])))
             for m in data["models"]]
     show(data, rows, ("MODEL", "ENGINE", "CLASS", "READY", "STATE", "FAILURES", "MAX TOKENS",
                       "REASON"), fmt, optional=(1, 2, 6))
+
+
+def rollout_cell(roll: dict[str, Any] | None) -> str:
+    """``, rolling 1/2``, ``, canary 10 %``, ``, rollout failed`` after the state."""
+    if not roll:
+        return ""
+    return ", rollout failed" if roll["state"] == "failed" else f", {roll['text']}"
+
+
+def rollout_reason(roll: dict[str, Any] | None, reason: str) -> str:
+    """A failed rollout's error before the model's reason."""
+    if not roll or roll["state"] != "failed":
+        return reason
+    return telling(roll["text"]) + (f"; {reason}" if reason else "")
 
 
 def max_tokens_cell(cap: dict[str, Any] | None) -> str:

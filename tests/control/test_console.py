@@ -320,3 +320,35 @@ def test_a_long_error_on_the_events_page_is_folded_to_its_telling_line(fleet: Ap
     assert folded.group(1) == "start failed: exited with 1: error: unknown argument: --bogus"
     assert folded.group(2) == message                      # the whole text, unfolded on click
     assert re.search(r'<td class="message">\s*short and plain\s*</td>', html)
+
+
+def test_pages_show_rollouts_draining_replicas_and_nodes_out_of_placement(fleet: Api) -> None:
+    """small rolls (its replica runs an old definition), a second replica drains, and
+    gpu1 is cordoned: the summary, models, replicas and nodes pages say so (issue 27)."""
+    now = time.time()
+    with fleet.store.begin() as conn:
+        repo.update_model(conn, "small", rollout_state=json.dumps(
+            {"state": "failed", "since": now - 90, "error": "wrong magic number"}))
+        repo.update_replica(conn, "small-1", definition_hash="0" * 64)
+        repo.add_replica(conn, "small-2", "small", "gpu1", (1001,), now - 30)
+        repo.update_replica(conn, "small-2", state="ready", port=41001, drain_since=now - 5,
+                            drain_reason="rollout", drain_timeout_s=45.0,
+                            in_flight=json.dumps({"router-1/1": [2, now - 1]}))
+        conn.execute(nodes.update().where(nodes.c.name == "gpu1").values(cordoned=1))
+    login(fleet)
+    summary = fleet.client.get("/console/").get_data(as_text=True)
+    assert "1 cordoned" in summary and "(1 draining)" in summary
+    row = summary.split('id="rollout-small"')[1].split("</tr>")[0]
+    assert "rollout failed: wrong magic number" in row
+    held = summary.split('id="held-gpu1"')[1].split("</tr>")[0]
+    assert "cordoned" in held
+    models_html = fleet.client.get("/console/models").get_data(as_text=True)
+    row = models_html.split('id="model-small"')[1].split("</tr>")[0]
+    assert "rollout failed: wrong magic number" in row
+    replicas_html = fleet.client.get("/console/replicas").get_data(as_text=True)
+    row = replicas_html.split('id="replica-small-2"')[1].split("</tr>")[0]
+    assert re.search(r"draining \(2 in flight, 4\d s left\)", row), row
+    row = replicas_html.split('id="replica-small-1"')[1].split("</tr>")[0]
+    assert "ready, old definition" in row
+    nodes_html = fleet.client.get("/console/nodes").get_data(as_text=True)
+    assert re.search(r'gpu1 <span class="held"[^>]*>cordoned</span>', nodes_html)
