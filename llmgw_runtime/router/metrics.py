@@ -123,6 +123,16 @@ class RouterMetrics:
             "llmgw_router_fallbacks", "Requests for a model served by one of its fallback "
             "models, by why the model could not serve (parked, unplaceable, at_capacity)",
             ["model", "fallback", "reason"], registry=owner)
+        # A canary rollout's versions (canary.py), counted only while one holds.
+        self.version_requests = Counter(
+            "llmgw_router_version_requests", "Requests of a model under a canary rollout "
+            "by version (stable, canary) and outcome (ok; error: the engine's 5xx, a stream "
+            "it broke off, or no replica of the version reached)",
+            ["model", "version", "outcome"], registry=owner)
+        self.version_first_byte = Histogram(
+            "llmgw_router_version_first_byte_seconds", "From the request to the first byte "
+            "of the answer, by version of a model under a canary rollout",
+            ["model", "version"], buckets=TTFB_BUCKETS, registry=owner)
         # llmgw_router_slots_in_use{model}: read at scrape time (admit.Gate.slots_in_use)
         self.slots_in_use_source: Callable[[], dict[str, int]] | None = None
         self.registry.register(_SlotsInUse(self))
@@ -214,9 +224,12 @@ class MetricsMiddleware:
             raise
         if isinstance(body, Stream):     # tapped, not wrapped: the relay sees the stream
             metrics = self._metrics
+            also = body.first_byte       # a canary's version counts its own (canary.py)
 
             def first_byte() -> None:
                 metrics.first_byte(environ, time.perf_counter() - started)
+                if also is not None:
+                    also()
 
             def finished() -> None:
                 if body.outcome == "open":

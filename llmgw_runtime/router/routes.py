@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pydantic
 
@@ -28,6 +28,7 @@ from ..api.router import (
     ActivateRequest,
     IdleMap,
     ModelCapacity,
+    ModelVersions,
     RouteModel,
     Routes,
     Unreachable,
@@ -53,6 +54,14 @@ def router_instance() -> str:
     if not shared:
         return "rt-" + _PROCESS_ID
     return f"rt-{stable_hash(socket.gethostname() + ':' + shared):016x}"
+
+
+class VersionSource(Protocol):
+    """A canary's counts per model and version since the last post (``canary.py``)."""
+
+    def take(self) -> dict[str, ModelVersions]: ...
+
+    def put_back(self, taken: dict[str, ModelVersions]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,14 @@ class RoutesTable:
         return deadline is not None and time.monotonic() >= deadline
 
     def replica_ids(self) -> set[str]:
-        return {e.replica_id for m in self.models.values() for e in m.endpoints}
+        """Every replica the router keeps books of: the endpoints, and the draining
+        replicas (no new request goes to them; what they have in flight is counted and
+        posted until they leave the table)."""
+        return {e.replica_id for m in self.models.values() for e in m.endpoints} \
+            | self.draining_ids()
+
+    def draining_ids(self) -> set[str]:
+        return {rid for m in self.models.values() for rid in m.draining}
 
 
 def parse_table(doc: Any, now: float, previous: RoutesTable | None = None) -> RoutesTable:
@@ -142,6 +158,9 @@ class ControlClient:
                                     maxsize=16)
         self._base = self._transport.base
         self._router = router_instance()
+        # this worker process, for its life: the control service hears each worker's
+        # in-flight counts apart (a draining replica waits for every one to say none)
+        self.worker = f"w-{os.getpid()}-{secrets.token_hex(3)}"
 
     def _call(self, method: str, path: str, body: Any, answer: type[M]) -> M:
         try:
@@ -183,11 +202,15 @@ class ControlClient:
             raise ControlError(f"usage report not delivered: {str(exc)[:300]}") from None
 
     def post_idle(self, replicas: dict[str, float],
-                  capacity: dict[str, ModelCapacity] | None = None) -> None:
+                  capacity: dict[str, ModelCapacity] | None = None, *,
+                  in_flight: dict[str, int] | None = None,
+                  versions: dict[str, ModelVersions] | None = None) -> None:
         try:
             self._transport.request("POST", "/api/v1/idle",
                                     IdleMap(replicas=replicas, capacity=capacity or {},
-                                            router=self._router))
+                                            router=self._router, worker=self.worker,
+                                            in_flight=in_flight or {},
+                                            versions=versions or {}))
         except LlmgwError as exc:
             raise ControlError(f"idle map not accepted: {str(exc)[:300]}") from None
 
@@ -200,8 +223,12 @@ class RoutesCache:
                  on_table: Callable[[RoutesTable], None] | None = None,
                  clock: Callable[[], float] = time.time,
                  capacity: Callable[[], dict[str, ModelCapacity]] | None = None,
-                 on_tick: Callable[[], Any] | None = None) -> None:
+                 on_tick: Callable[[], Any] | None = None,
+                 in_flight: Callable[[], dict[str, int]] | None = None,
+                 versions: VersionSource | None = None) -> None:
         self._client = client
+        self._in_flight = in_flight
+        self._versions = versions
         self._on_tick = on_tick
         self._capacity = capacity
         self._interval = interval_s
@@ -310,21 +337,33 @@ class RoutesCache:
     def tick(self) -> None:
         """One cycle: post the replicas this worker could not reach (so that the table
         fetched next leaves them out), refresh the table, then post the idle map, with
-        the models found at capacity since the last post (admission), and run
-        ``on_tick`` (the usage report)."""
+        the models found at capacity since the last post (admission), the requests in
+        flight per replica and a canary's counts per version, and run ``on_tick`` (the
+        usage report). The map goes every tick while a request is in flight or the table
+        names a draining replica, empty or not: a draining replica stops once every
+        worker said it has nothing left there."""
         self._post_unreachable()
-        self.refresh()
+        table = self.refresh()
         now = self._clock()
         idle = {rid: max(0.0, now - used) for rid, used in self._idle_map().items()}
         capacity = self._capacity() if self._capacity is not None else {}
-        if idle or capacity:
+        extra: dict[str, Any] = {}
+        in_flight = self._in_flight() if self._in_flight is not None else {}
+        if in_flight or (table is not None and table.draining_ids()):
+            extra["in_flight"] = in_flight
+        versions = self._versions.take() if self._versions is not None else {}
+        if versions:
+            extra["versions"] = versions
+        if idle or capacity or extra:
             try:
-                if capacity:
-                    self._client.post_idle(idle, capacity)
+                if capacity or extra:
+                    self._client.post_idle(idle, capacity, **extra)
                 else:
                     self._client.post_idle(idle)
             except ControlError as exc:
                 log.debug("idle map not posted: %s", exc)
+                if versions and self._versions is not None:
+                    self._versions.put_back(versions)
         if self._on_tick is not None:
             self._on_tick()
 

@@ -18,6 +18,7 @@ from .admission.affinity import prefix_key
 from .admission.gate import Gate, Lease
 from .admission.gone import client_gone
 from .balancer import Balancer
+from .canary import VersionBook, VersionTap, pick
 from .config import RouterConfig
 from .errors import (
     InvalidApiKey,
@@ -47,6 +48,8 @@ from .usage import KEY_ID, METER, Meter, UsageBook, UsageReporter
 
 log = logging.getLogger(__name__)
 
+_ROUNDS = 3     # tries of a request that found no replica to admit it (state.forward)
+
 _ACTIVATE_STATES = (ModelState.STARTING, ModelState.ACTIVATING, ModelState.IDLE)
 
 
@@ -68,20 +71,36 @@ class RouterState:
         self.usage = UsageBook()
         self.usage_reporter = UsageReporter(self.usage, self.control.post_usage,
                                             retry=(ControlError,), refused=(ControlRefused,))
+        self.versions = VersionBook(self.metrics)      # a canary's versions (canary.py)
         self.routes = RoutesCache(self.control, config.refresh_interval_s,
                                   self.balancer.last_used, on_table=self._on_table,
                                   capacity=self.gate.capacity,
-                                  on_tick=self.usage_reporter.post)
+                                  on_tick=self.usage_reporter.post,
+                                  in_flight=self.gate.in_flight, versions=self.versions)
         self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s,
                                    on_unreachable=self.routes.report_unreachable,
                                    max_buffered=config.max_buffered_answer_bytes)
         self._activated: dict[str, tuple[float, dict[str, Any]]] = {}
         self.key_throttle = Throttle(ROUTER)
+        self._urls: dict[str, str] = {}     # replica -> url, draining replicas' kept
 
     def _on_table(self, table: RoutesTable) -> None:
-        self.balancer.forget_except(table.replica_ids())
-        self.gate.forget_except(table.replica_ids())
-        self.upstreams.forget_except({e.url for m in table.models.values() for e in m.endpoints})
+        """A routes table came. A draining replica (listed in ``draining``, no longer an
+        endpoint) stays known until it leaves the table: its requests in flight finish
+        on their connections and are counted; requests waiting for a slot of a model take
+        its endpoints now (or, with none left, wait for the model as for one starting)."""
+        ids, draining = table.replica_ids(), table.draining_ids()
+        self.balancer.forget_except(ids)
+        self.gate.forget_except(ids)
+        models, usable = table.models, self.balancer.usable
+        self.gate.routes(lambda name: usable(models[name].endpoints) if name in models
+                         else (), draining)
+        urls = {e.replica_id: e.url for m in models.values() for e in m.endpoints}
+        for rid in draining:
+            if rid not in urls and rid in self._urls:
+                urls[rid] = self._urls[rid]
+        self._urls = urls
+        self.upstreams.forget_except(set(urls.values()))
 
     def _slots_in_use(self) -> dict[str, int]:
         """For /metrics: models whose replicas have known slots, and any other model
@@ -253,42 +272,78 @@ class RouterState:
                 body: bytes, doc: dict[str, Any], table: RoutesTable) -> Answered:
         """Proxy to the route's replicas, each request admitted to a slot first
         (admission/gate.py).
-        When none could be connected to (nothing reached an engine), wait once for what
-        the control service makes of it (another replica, or an honest refusal) instead of
-        answering 502 at once."""
+        When none could be connected to, or none was left to admit it (they drained or
+        left while it waited; nothing reached an engine), wait for what the control
+        service makes of it (another replica, a replacement starting, an honest refusal)
+        instead of answering 502 at once. Under a canary rollout the request goes to one
+        version's endpoints (canary.py), counted per version."""
         headers = upstream_headers(environ)
         admit = self._admitter(environ, model, doc, table)
         meter: Meter | None = environ.get(METER)
         if meter is not None:     # a completion stream asks the engine for its usage
             body = meter.prepare(path, doc, body)
-        try:
-            answer = self.upstreams.forward(model, route.endpoints, path, body, headers,
-                                            admit(route))
-        except ReplicasUnreachable:
+            meter.on_tokens = None
+        started = time.perf_counter()
+        tap: VersionTap | None = None
+        # each wait (resolve) is bounded by the activation timeout
+        for attempt in range(_ROUNDS):
+            slot, endpoints, version = admit(route)
+            tap = None if version is None else self.versions.tap(model, version, started)
+            try:
+                answer = self.upstreams.forward(model, endpoints, path, body, headers, slot)
+                break
+            except ReplicasUnreachable:
+                if attempt == _ROUNDS - 1:
+                    if tap is not None:
+                        tap.failed()
+                    raise
+            except UpstreamError:
+                if tap is not None:
+                    tap.failed()
+                raise
             table = self.routes.refresh(max_age_s=0.1) or self.current_table()
             route = self.resolve(model, table)
-            answer = self.upstreams.forward(model, route.endpoints, path, body, headers,
-                                            admit(route))
+        if tap is not None:
+            if meter is not None:
+                meter.on_tokens = tap.tokens
+            answer = tap.watch(answer)
         return answer if meter is None else meter.observe(answer, model, path)
 
     def _admitter(self, environ: dict[str, Any], model: str, doc: dict[str, Any],
-                  table: RoutesTable) -> Callable[[RouteModel], Admit]:
+                  table: RoutesTable
+                  ) -> Callable[[RouteModel], tuple[Admit, Sequence[Endpoint], str | None]]:
         """What admits this request to a slot of a route's endpoints: its API key (the
         fairness key), the key's priority, its prefix key when the model routes by
-        prefix affinity, and a check that its client is still there."""
+        prefix affinity, and a check that its client is still there. For a route, the
+        admitter, the endpoints the request may take, and their version when a canary
+        holds (canary.py: admission sees that version's endpoints only)."""
         key_id = environ.get(KEY_ID) or "-"
         priority = table.key_priorities.get(key_id, "normal")
-        gate = self.gate
+        gate, usable = self.gate, self.balancer.usable
+        keyed: list[bytes | None] = []
 
-        def for_route(route: RouteModel) -> Admit:
-            prefix = (prefix_key(doc, environ.get("PATH_INFO"))
-                      if route.routing == "prefix-affinity" else None)
+        def for_route(route: RouteModel) -> tuple[Admit, Sequence[Endpoint], str | None]:
+            prefix = None
+            if route.routing == "prefix-affinity":
+                if not keyed:
+                    keyed.append(prefix_key(doc, environ.get("PATH_INFO")))
+                prefix = keyed[0]
+            version = pick(route, prefix, usable) if route.canary_percent else None
 
             def admit(endpoints: Sequence[Endpoint]) -> Lease | None:
                 return gate.admit(model, endpoints, key_id, priority,  # type: ignore[arg-type]
                                   prefix, route.max_queue, route.max_wait_s,
                                   lambda: client_gone(environ))
-            return admit
+            if version is None:
+                return admit, route.endpoints, None
+
+            def admit_version(endpoints: Sequence[Endpoint]) -> Lease | None:
+                return gate.admit(model, usable(route.endpoints), key_id,
+                                  priority, prefix,  # type: ignore[arg-type]
+                                  route.max_queue, route.max_wait_s,
+                                  lambda: client_gone(environ),
+                                  frozenset(e.replica_id for e in endpoints))
+            return admit_version, version[1], version[0]
         return for_route
 
 

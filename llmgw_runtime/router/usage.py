@@ -158,7 +158,7 @@ class Meter:
     """One request's usage and, for a key with a token limit, its settlement."""
 
     __slots__ = ("key_id", "_book", "_limiter", "_limit", "_estimate", "_prompt", "_strip",
-                 "_tokens", "_answered", "_finished", "_tap")
+                 "_tokens", "_answered", "_finished", "_tap", "on_tokens")
 
     def __init__(self, key_id: str, book: UsageBook, limiter: Limiter | None = None,
                  limit: KeyLimit | None = None, estimate: int = 0, prompt: int = 0) -> None:
@@ -173,6 +173,8 @@ class Meter:
         self._tokens: int | None = None
         self._answered = False
         self._finished = False
+        # a canary's version counts the tokens too (canary.VersionTap.tokens)
+        self.on_tokens: Callable[[Tokens | None], None] | None = None
 
     def prepare(self, path: str, doc: dict[str, Any], body: bytes) -> bytes:
         """The body to send: for a completion stream whose client did not ask for its
@@ -200,6 +202,8 @@ class Meter:
 
     def record(self, model: str, tokens: Tokens | None) -> None:
         self._book.add(self.key_id, model, tokens)
+        if self.on_tokens is not None:
+            self.on_tokens(tokens)
         if tokens is not None:
             self._tokens = (self._tokens or 0) + tokens.prompt + tokens.completion
 

@@ -39,15 +39,25 @@ def model(name: str, state: str = "ready", endpoints: Sequence[tuple[str, str]] 
 
 class Control(FakeControl):
     """The stand-in control service, also taking ``POST /api/v1/unreachable`` (recorded,
-    then ``on_unreachable`` may change the table as the control service would)."""
+    then ``on_unreachable`` may change the table as the control service would), and
+    keeping every idle map whole (``idle_maps``: worker, in_flight, versions)."""
 
     def __init__(self, routes: dict[str, Any], token: str) -> None:
         self.unreachable_posts: list[dict[str, Any]] = []
+        self.idle_maps: list[dict[str, Any]] = []
         self.on_unreachable: Callable[[dict[str, Any]], None] | None = None
         super().__init__(routes, token)
 
     def _wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
         req = Request(environ)
+        if (req.method == "POST" and req.path == "/api/v1/idle"
+                and req.headers.get("Authorization") == f"Bearer {self.token}"):
+            posted = json.loads(req.get_data())
+            self.idle_maps.append(posted)
+            self.idle_posts.append(posted["replicas"])
+            if posted.get("capacity"):
+                self.capacity_posts.append(posted["capacity"])
+            return Response(b"", 204)(environ, start_response)
         if (req.method == "POST" and req.path == "/api/v1/unreachable"
                 and req.headers.get("Authorization") == f"Bearer {self.token}"):
             body = json.loads(req.get_data())

@@ -90,6 +90,14 @@ def _ignore(_: Ticket) -> None:
     return None
 
 
+def _allowed(m: _Model, only: frozenset[str] | None) -> list[str]:
+    """The model's replicas a request may take: those of ``only`` that are listed, or
+    every one (no restriction, or none of them listed any more)."""
+    if only is None:
+        return list(m.slots)
+    return [rid for rid in m.slots if rid in only] or list(m.slots)
+
+
 class Admission:
     """Slots, in-flight counts and fair queues of every model this router serves.
 
@@ -123,6 +131,10 @@ class Admission:
     def in_flight(self, replica: str) -> int:
         return self._inflight.get(replica, 0)
 
+    def in_flight_all(self) -> dict[str, int]:
+        """Replica -> requests admitted there and not released (listed or not)."""
+        return dict(self._inflight)
+
     def waiting(self, model: str) -> int:
         m = self._models.get(model)
         return m.queue.waiting if m else 0
@@ -154,10 +166,13 @@ class Admission:
 
     def try_admit(self, model: str, key_id: str, priority: Priority,
                   replicas: Mapping[str, int], now: float,
-                  prefix: bytes | None = None) -> Decision:
+                  prefix: bytes | None = None, only: frozenset[str] | None = None
+                  ) -> Decision:
         """Admit a request for ``model`` from API key ``key_id`` now, queue it, or refuse it.
         ``replicas``: ready replica -> slots, as :meth:`update` (applied first: tickets it
-        decides go to ``on_decided``). ``prefix``: its :func:`.affinity.prefix_key`."""
+        decides go to ``on_decided``). ``prefix``: its :func:`.affinity.prefix_key`.
+        ``only``: the replicas it may take (a canary rollout's version), None: any; when
+        none of them is listed any more, any."""
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
         self.update(model, replicas, now)
@@ -168,10 +183,10 @@ class Admission:
             self._dispatch(m, now)
         if m.queue.waiting >= self.max_queue:   # make room of tickets overdue but not yet expired
             self._reject_where(m, lambda t: t.deadline <= now, "timeout")
-        home, cached = (None, False) if prefix is None else self._home(m, prefix)
+        home, cached = (None, False) if prefix is None else self._home(m, prefix, only)
         # Every waiting ticket that could use a free slot has one (dispatch): a free slot
         # left is one no waiting ticket may take, so the newcomer does not jump a turn.
-        rid = self._room_at(m, home) if home is not None else self._free_replica(m, None)
+        rid = self._room_at(m, home) if home is not None else self._free_replica(m, None, only)
         if rid is not None:
             self._inflight[rid] = self._inflight.get(rid, 0) + 1
             self._remember(prefix, rid, now)
@@ -192,7 +207,7 @@ class Admission:
         patience = m.fresh_s if cached else SPILL_SERVICES * m.service_s
         ticket = Ticket(next(self._ids), model, key_id, priority, prefix, now,
                         now + self.max_wait_s, home=home, cached=cached,
-                        spill_at=now + min(self.max_wait_s / 2, patience))
+                        spill_at=now + min(self.max_wait_s / 2, patience), only=only)
         m.queue.add(ticket)
         return Queued(ticket)
 
@@ -242,15 +257,18 @@ class Admission:
 
     # -- inside -----------------------------------------------------------------------
 
-    def _free_replica(self, m: _Model, prefix: bytes | None) -> str | None:
+    def _free_replica(self, m: _Model, prefix: bytes | None,
+                      only: frozenset[str] | None = None) -> str | None:
+        slots = m.slots
+        rids = slots if only is None else _allowed(m, only)
         best, most = None, 0
-        for rid, n in m.slots.items():
-            room = n - self._inflight.get(rid, 0)
+        for rid in rids:
+            room = slots[rid] - self._inflight.get(rid, 0)
             if room > most:
                 best, most = rid, room
         if best is None or prefix is None:
             return best
-        return choose(prefix, list(m.slots), self._inflight, m.slots)
+        return choose(prefix, list(rids), self._inflight, slots)
 
     def _dispatch(self, m: _Model, now: float) -> list[Ticket]:
         """Give free slots to waiting tickets, in order of service: the first ticket (at
@@ -278,7 +296,7 @@ class Admission:
                 if at_home:
                     rid = self._room_at(m, ticket.home)  # type: ignore[arg-type]
                 else:
-                    rid = self._free_replica(m, ticket.prefix)
+                    rid = self._free_replica(m, ticket.prefix, ticket.only)
                 if rid is not None:
                     self._admit_ticket(m, ticket, rid, now, decided)
                     break
@@ -310,11 +328,12 @@ class Admission:
         self._remember(ticket.prefix, rid, now)
         self._decide(ticket, Admitted(rid, at_home=ticket.cached and ticket.home == rid), decided)
 
-    def _home(self, m: _Model, prefix: bytes) -> tuple[str, bool]:
+    def _home(self, m: _Model, prefix: bytes,
+              only: frozenset[str] | None = None) -> tuple[str, bool]:
         """The replica a prefix waits for, and whether its prompt is cached there. With
         remembered homes: where it was served last, while that fits its bounded load;
         else placed by load (a first turn: nothing cached anywhere). Without: by hashing."""
-        rids = list(m.slots)
+        rids = _allowed(m, only)
         loads, floors = self._loads(m), self._floors(m)
         if self.homes is None:
             return choose(prefix, rids, loads, floor=floors), False

@@ -26,22 +26,22 @@ change in throughput at concurrency 64.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import Any
 
-from ...api.router import MAX_QUEUE, Endpoint, ModelCapacity
-from ...catalog.bounds import MAX_WAIT_S
-from ..errors import ClientGone, ModelAtCapacity
+from ...api.router import Endpoint
+from ..errors import ClientGone
 from ..metrics import RouterMetrics
 from ..tables.homes import Homes
 from ..tables.homes import for_this_process as homes_for_this_process
-from ..tables.slots import UNLIMITED, SlotCounts, for_this_process, model_shares
+from ..tables.slots import SlotCounts, for_this_process, model_shares
 from .core import Admission, Admitted, Priority, Queued, Rejected, Ticket
+from .load import QUEUE as _QUEUE
+from .load import Interval as _Interval
+from .load import Reports
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,6 @@ POLL_S = 0.005           # how often a worker looks for slots other workers free
 IDLE_POLL_S = 1.0        # else at most this long, until the next max_wait_s expiry
 WAIT_STEP_S = 0.5        # how often a waiting request checks that its client is there
 _MAX_SAMPLES = 2000      # wait times kept per model between two capacity reports
-_BIG = 1_000_000         # api.fields.SmallCount
-_QUEUE = "\0queue:"      # slot-count columns of a model's waiting requests: "\0queue:<model>"
 
 
 class Lease:
@@ -77,18 +75,9 @@ class Lease:
                             self._at_home)
 
 
-@dataclass
-class _Interval:
-    """What one model went through since the last capacity report."""
-    queued: int = 0
-    rejected: int = 0
-    admitted: int = 0
-    busy: int = 0          # the most slots the router's requests held at one admission
-    waits: list[float] = field(default_factory=list)
-
-
-class Gate:
-    """Admission for every model of this worker. ``share``: (I, N) of ``LLMGW_SLOT_SHARE``."""
+class Gate(Reports):
+    """Admission for every model of this worker. ``share``: (I, N) of ``LLMGW_SLOT_SHARE``.
+    Its reports (the load per model, in flight per replica): ``load.py``."""
 
     def __init__(self, metrics: RouterMetrics, share: tuple[int, int] = (1, 1),
                  counts: SlotCounts | None = None,
@@ -111,15 +100,23 @@ class Gate:
         self._max_queue: dict[str, int] = {}     # the catalog's; the core's is what is left
         self._waiting = 0
         self._poller: threading.Thread | None = None
+        self._draining: Collection[str] = frozenset()   # replicas no request may take
 
     # -- the request path ---------------------------------------------------------------
 
     def admit(self, model: str, endpoints: Sequence[Endpoint], key_id: str,
               priority: Priority, prefix: bytes | None, max_queue: int, max_wait_s: float,
-              gone: Callable[[], bool] = lambda: False) -> Lease | None:
-        """A slot at one of ``endpoints`` (the model's usable ones), waiting for it when
-        every slot is taken; None when there is no replica (the caller waits for the
-        model). Raises ModelAtCapacity (queue full, waited too long) or ClientGone."""
+              gone: Callable[[], bool] = lambda: False,
+              only: frozenset[str] | None = None) -> Lease | None:
+        """A slot at one of ``endpoints`` (the model's usable ones; ``only``: those of them
+        this request may take, a canary's version), waiting for it when every slot is
+        taken; None when there is no replica (the caller waits for the model). A replica
+        the routes table says drains takes none (a route read before that table came
+        may still list it). Raises ModelAtCapacity (queue full, waited too long) or
+        ClientGone."""
+        if self._draining:
+            draining = self._draining
+            endpoints = [e for e in endpoints if e.replica_id not in draining]
         core = self._core(model, max_queue, max_wait_s)
         shares = self._shares_of(model, endpoints)
         counts = self._counts
@@ -133,7 +130,7 @@ class Gate:
             # the queue bound is the router's: what the other workers' queues leave
             core.max_queue = max(0, max_queue - others_waiting)
             core.others = dict(zip(rids, others, strict=True))
-            decision = core.try_admit(model, key_id, priority, effective, now, prefix)
+            decision = core.try_admit(model, key_id, priority, effective, now, prefix, only)
             self._sync(core, model, rids)
             if isinstance(decision, Admitted):
                 self._note_busy(model, sum(others) + sum(map(core.in_flight, rids)))
@@ -207,30 +204,6 @@ class Gate:
         self._metrics.rejected.labels(model, decision.reason).inc()
         self._interval.setdefault(model, _Interval()).rejected += 1
         raise self._at_capacity(core, model, decision)
-
-    def _at_capacity(self, core: Admission, model: str, decision: Rejected
-                     ) -> ModelAtCapacity:
-        slots = self._slots.get(model, {})
-        n = len(slots)
-        total = sum(slots.values())
-        served = ("unlimited" if total >= UNLIMITED else str(total))
-        with self._counts.locked():
-            waiting = self._counts.totals((_QUEUE + model,))[0]
-        max_queue = self._max_queue.get(model, core.max_queue)
-        if decision.reason == "queue_full":
-            limit = (f"its queue is full (max_queue {max_queue}"
-                     + (": this model does not queue" if max_queue == 0 else "") + ")")
-        else:
-            limit = (f"this request waited max_wait_s ({core.max_wait_s:g} s) without "
-                     "getting one")
-        return ModelAtCapacity(
-            f"model '{model}' is at capacity: the {served} slot"
-            + ("" if total == 1 else "s") + f" this router has on its {n} replica"
-            + ("" if n == 1 else "s") + f" are all busy and {waiting} request"
-            + (" waits" if waiting == 1 else "s wait") + f" for one; {limit}. Retry after "
-            "the Retry-After seconds; if this persists, ask the operator for more replicas "
-            "or slots (or a larger max_queue / max_wait_s in the catalog)",
-            retry_after_s=decision.retry_after_s)
 
     def _release(self, core: Admission, model: str, replica: str, started: float,
                  at_home: bool = False) -> None:
@@ -337,8 +310,29 @@ class Gate:
         tables (tables/homes.py, tables/limits.py) are read and written under it too."""
         return self._counts.locked()
 
+    def routes(self, endpoints: Callable[[str], Sequence[Endpoint]],
+               draining: Collection[str]) -> None:
+        """A routes table came: ``endpoints(model)``, a model's usable ones (a draining
+        replica is not one), and the ``draining`` replicas. Requests waiting for a slot
+        of a model take the endpoints it has now: one that drains or left is not waited
+        for; when none is left they are handed back (the caller waits for the model as
+        for one starting: its replacement, say)."""
+        self._draining = frozenset(draining)
+        now = self._clock()
+        for model, core in self._cores.items():
+            if not core.waiting(model):
+                continue                 # the next request of the model brings them
+            shares = self._shares_of(model, endpoints(model))
+            rids = self._replicas[model]
+            with self._counts.locked():
+                others = self._counts.others(rids)
+                core.update(model, {rid: max(0, shares[rid] - other)
+                                    for rid, other in zip(rids, others, strict=True)}, now)
+                self._sync(core, model, rids)
+
     def forget_except(self, replica_ids: set[str]) -> None:
-        """The routes table changed: columns of replicas that left it may be reused."""
+        """The routes table changed: columns of replicas that left it may be reused
+        (a draining replica is still in it: its requests are counted until they end)."""
         with self._counts.locked():
             self._counts.forget_except(replica_ids)
         for endpoints in self._endpoints.values():
@@ -353,43 +347,6 @@ class Gate:
         from the shared counts, nothing is counted on the request path."""
         with self._counts.locked():
             return {model: sum(self._counts.totals(rids)) for model, rids in replicas.items()}
-
-    def capacity(self) -> dict[str, ModelCapacity]:
-        """The load of every model this worker admitted, queued or refused requests of
-        since the last call, or holds requests of now (the routes tick posts it to the
-        control service, which scales on it), and starts a new interval. ``waiting``,
-        ``in_flight``, ``slots`` and ``busy`` are the router's (all workers); ``rejected``,
-        ``queued``, the wait p90 and the oldest wait this worker's."""
-        interval, self._interval = self._interval, {}
-        now = self._clock()
-        out: dict[str, ModelCapacity] = {}
-        for model, core in self._cores.items():
-            stats = interval.get(model, _Interval())
-            rids = self._replicas.get(model, ())
-            waiting = core.waiting(model)
-            if not (waiting or stats.queued or stats.rejected or stats.admitted
-                    or any(map(core.in_flight, rids))):
-                continue
-            with self._counts.locked():
-                *in_flight_at, waiting = self._counts.totals((*rids, _QUEUE + model))
-            in_flight = sum(in_flight_at)
-            waits = sorted(stats.waits)
-            p90 = waits[min(len(waits) - 1, math.ceil(0.9 * len(waits)) - 1)] if waits else 0.0
-            since = self._queued_at.get(model)
-            oldest = now - min(since.values()) if since else 0.0
-            out[model] = ModelCapacity(
-                waiting=min(waiting, MAX_QUEUE), in_flight=min(in_flight, _BIG),
-                slots=min(sum(self._slots.get(model, {}).values()), _BIG),
-                rejected=min(stats.rejected, _BIG), wait_p90_s=_seconds(p90),
-                busy=min(max(stats.busy, in_flight), _BIG), oldest_wait_s=_seconds(oldest),
-                queued=min(stats.queued, _BIG),
-                at_capacity=bool(waiting or stats.queued or stats.rejected))
-        return out
-
-
-def _seconds(value: float) -> float:
-    """A wait as a report carries it: within 0 .. MAX_WAIT_S."""
-    return min(max(value, 0.0), MAX_WAIT_S)
 
 
 def _wake(ticket: Ticket) -> None:

@@ -44,6 +44,7 @@ class Ticket:
     home: str | None = None     # the replica its prefix belongs to: it waits for that one
     cached: bool = False        # ... where it was served last (its prompt is cached there)
     spill_at: float = 0.0       # ... until then; after, any replica with a free slot
+    only: frozenset[str] | None = None   # the replicas it may take (a canary's version)
 
 
 class FairQueue:
