@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = [ROOT / "llmgw_runtime" / "control" / "metrics.py",
            ROOT / "llmgw_runtime" / "control" / "autoscale_metrics.py",
+           ROOT / "llmgw_runtime" / "control" / "rollout_metrics.py",
            ROOT / "llmgw_runtime" / "control" / "usage_metrics.py",
            ROOT / "llmgw_runtime" / "router" / "metrics.py"]
 DOCUMENTED = re.compile(r"^\| `(llmgw_[a-z0-9_]+)` \|", re.M)

@@ -90,6 +90,27 @@ CONTROL_ROUTES = (
           admin.NodeDeleted, errors=(400, 401, 403, 404, 409),
           params=(NAME, Param("force", "query", {"type": "boolean"},
                               "also when the node reported recently"))),
+    Route("get", "/api/v1/models/{name}/rollout", "a model's rollout: old and new replicas "
+          "ready, what it waits for, a failed one's error, a canary's requests per version",
+          ADMIN, admin.RolloutStatus, params=(NAME,), errors=(401, 403, 404)),
+    Route("post", "/api/v1/models/{name}/rollout/undo", "apply the model's previous "
+          "definition again: its replicas roll back (409: there is none)", ADMIN,
+          admin.RolloutStatus, params=(NAME,), errors=(401, 403, 404, 409)),
+    Route("post", "/api/v1/models/{name}/rollout/promote", "the canary's definition "
+          "replaces every old replica (409: the model runs no canary)", ADMIN,
+          admin.RolloutStatus, params=(NAME,), errors=(401, 403, 404, 409)),
+    Route("post", "/api/v1/nodes/{name}/cordon", "place no new replica on the node; what "
+          "runs there keeps running", ADMIN, admin.NodeDrain, params=(NAME,),
+          errors=(401, 403, 404)),
+    Route("post", "/api/v1/nodes/{name}/uncordon", "the node takes new replicas again (a "
+          "drain ends)", ADMIN, admin.NodeDrain, params=(NAME,), errors=(401, 403, 404)),
+    Route("post", "/api/v1/nodes/{name}/drain", "cordon the node and move its replicas "
+          "elsewhere, each replacement ready before the old one drains (409: models would "
+          "lose capacity; force drains them anyway); an empty body is {}", ADMIN,
+          admin.NodeDrain, admin.DrainRequest, params=(NAME,),
+          errors=(400, 401, 403, 404, 409)),
+    Route("get", "/api/v1/nodes/{name}/drain", "the node's drain: moved of total, what it "
+          "waits for, done", ADMIN, admin.NodeDrain, params=(NAME,), errors=(401, 403, 404)),
     Route("get", "/api/v1/status", "the fleet summary behind every status view", ADMIN,
           "Status", params=(Param("idle_after_s", "query",
                                   {"type": "number", "minimum": 0, "maximum": 1e9}),)),

@@ -66,13 +66,12 @@ def node_rows(nodes_: list[dict[str, Any]], now: float) -> list[tuple[str, ...]]
 
 
 def maintenance(node: dict[str, Any]) -> str | None:
-    """``DRAINING: ...`` or ``CORDONED: ...`` for a node taken out, else None."""
-    name = node["name"]
+    """``DRAINING: ...`` or ``CORDONED: ...`` for a node taken out, else None (short: it
+    fits an 80-column HEALTH cell)."""
     if node.get("draining"):
-        return (f"DRAINING: its replicas move elsewhere (`llmgw ctl nodes drain {name} "
-                "--wait` follows it)")
+        return "DRAINING: its replicas move elsewhere"
     if node.get("cordoned"):
-        return f"CORDONED: no new replica is placed here (`llmgw ctl nodes uncordon {name}`)"
+        return "CORDONED: no new replicas here (uncordon takes it back)"
     return None
 
 

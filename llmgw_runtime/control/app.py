@@ -19,6 +19,7 @@ from . import (
     console,
     keys_api,
     metrics,
+    rollout_api,
     routes_api,
     status_api,
     usage_api,
@@ -62,7 +63,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     install_error_handlers(app)
     agent_api.install(app)
     for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, keys_api.bp, status_api.bp,
-               usage_api.bp, console.bp):
+               usage_api.bp, rollout_api.bp, console.bp):
         app.register_blueprint(bp)
     metrics.install(app, app.extensions["llmgw.store"], config)
     return app

@@ -1,6 +1,6 @@
 """Prometheus metrics of the control service, served at ``GET /metrics``.
 
-A collector reads the store when Prometheus scrapes (one transaction, four queries) and
+A collector reads the store when Prometheus scrapes (one transaction, five queries) and
 keeps nothing between scrapes: no per-request writes, no thread. Model states come from
 the same pure core as ``ctl status`` (``states.model_state``), so they cannot disagree.
 Every gunicorn worker answers for the whole instance: the store is shared, and the leader
@@ -32,7 +32,7 @@ from ..security import bearer
 from ..status.summary import AT_CAPACITY_S, device_label
 from ..store import Store, repo
 from ..store.members import StoreHealth
-from . import autoscale_metrics
+from . import autoscale_metrics, fleet, rollout_metrics
 from .config import ControlConfig, instance_of_holder
 from .reconcile import LEASE
 from .states import model_state, wanted_replicas
@@ -103,10 +103,13 @@ class ControlCollector(Collector):
             models = repo.list_models(conn)
             replicas = repo.list_replicas(conn)
             nodes = repo.list_nodes(conn)
+            cut = fleet.drain_cut_totals(conn)
         now = self._clock()
         yield from self._models(models, replicas, now)
+        yield from rollout_metrics.model_families(models, replicas, cut)
         yield from self._replicas(replicas)
         yield from self._nodes(nodes, now)
+        yield from rollout_metrics.node_families(nodes)
         leader = GaugeMetricFamily("llmgw_leader", "1 when this control instance (one of "
                                    "its workers) holds the reconciler lease", labels=["instance"])
         leader.add_metric([self._instance], float(

@@ -4,6 +4,7 @@ store backends."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import socket
 import sys
@@ -29,6 +30,7 @@ from llmgw_runtime.control.config import ControlConfig
 from llmgw_runtime.control.metrics import certificate_not_after, render
 from llmgw_runtime.control.reconcile import Reconciler
 from llmgw_runtime.store import Store, repo
+from llmgw_runtime.store.schema import nodes
 from tests.support.certs import make_pki
 
 from .conftest import ADMIN, CPU, JOIN, ROUTER, Api
@@ -259,3 +261,39 @@ def _expired_cert(path: Path, days_ago: int) -> None:
             .not_valid_after(now - dt.timedelta(days=days_ago))
             .sign(key, hashes.SHA256()))
     path.write_bytes(cert.public_bytes(Encoding.PEM))
+
+
+def test_rollouts_drains_and_cordons_as_prometheus_sees_them(fleet: Api) -> None:
+    """tiny's new definition failed (rollout failed 1), its replica drains, 3 requests
+    were cut by drain timeouts before; n2 is cordoned, n3 draining (issue 27)."""
+    now = time.time()
+    with fleet.store.begin() as conn:
+        repo.update_model(conn, "tiny", rollout_state=json.dumps(
+            {"state": "failed", "since": now - 60, "error": "boom", "cut": 3}))
+        repo.update_model(conn, "lazy", rollout_state=json.dumps({"state": "canary",
+                                                                  "since": now}))
+        [ready] = [r for r in repo.list_replicas(conn) if r.state == "ready"]
+        repo.update_replica(conn, ready.id, drain_since=now - 2, drain_reason="idle stop",
+                            drain_timeout_s=120.0)
+        conn.execute(nodes.update().where(nodes.c.name == "n2").values(cordoned=1))
+        conn.execute(nodes.update().where(nodes.c.name == "n3").values(
+            cordoned=1, drain=json.dumps({"since": now, "force": False, "by": "admin",
+                                          "total": 1})))
+    m = scrape(fleet.client)
+    assert series(m, "llmgw_model_rollout_failed") == {
+        (("model", "big"),): 0, (("model", "broken"),): 0, (("model", "lazy"),): 0,
+        (("model", "tiny"),): 1}
+    assert {labels: v for labels, v in series(m, "llmgw_model_rollout_state").items()
+            if v} == {(("model", "big"), ("state", "none")): 1,
+                      (("model", "broken"), ("state", "none")): 1,
+                      (("model", "lazy"), ("state", "canary")): 1,
+                      (("model", "tiny"), ("state", "failed")): 1}
+    assert len(series(m, "llmgw_model_rollout_state")) == 4 * 4
+    assert value(m, "llmgw_replicas_draining", model="tiny") == 1
+    assert value(m, "llmgw_replicas_draining", model="big") == 0
+    assert value(m, "llmgw_drain_cut_requests_total", model="tiny") == 3
+    assert value(m, "llmgw_drain_cut_requests_total", model="big") == 0
+    assert series(m, "llmgw_node_cordoned") == {
+        (("node", "n1"),): 0, (("node", "n2"),): 1, (("node", "n3"),): 1}
+    assert series(m, "llmgw_node_draining") == {
+        (("node", "n1"),): 0, (("node", "n2"),): 0, (("node", "n3"),): 1}

@@ -54,6 +54,21 @@ def test_every_documented_response_matches_the_real_one(api: Api) -> None:
         check(api.call("GET", path, ADMIN), path, "get")
     check(api.call("GET", "/api/v1/models/tiny", ADMIN), "/api/v1/models/{name}", "get")
     check(api.call("GET", "/api/v1/models/none", ADMIN), "/api/v1/models/{name}", "get")
+    put = api.call("PUT", "/api/v1/catalog", ADMIN, data=CATALOG.replace(
+        "class: cpu}", "class: cpu}, args: [--ctx-size, '4096']"))
+    check(put, "/api/v1/catalog", "put")
+    assert put.json["rolls"] == ["tiny"]
+    for method, path in (("GET", "rollout"), ("POST", "rollout/undo"),
+                         ("POST", "rollout/promote")):
+        check(api.call(method, f"/api/v1/models/tiny/{path}", ADMIN),
+              f"/api/v1/models/{{name}}/{path}", method.lower())
+    check(api.call("GET", "/api/v1/models/none/rollout", ADMIN),
+          "/api/v1/models/{name}/rollout", "get")
+    for method, path, body in (("POST", "cordon", None), ("POST", "uncordon", None),
+                               ("POST", "drain", {"force": "no"}),
+                               ("POST", "drain", {"force": True}), ("GET", "drain", None)):
+        check(api.call(method, f"/api/v1/nodes/n1/{path}", ADMIN, json=body),
+              f"/api/v1/nodes/{{name}}/{path}", method.lower())
     check(api.call("POST", "/api/v1/keys", ADMIN, json={"name": "k"}), "/api/v1/keys", "post")
     check(api.call("POST", "/api/v1/models/tiny/retry", ADMIN, json={}),
           "/api/v1/models/{name}/retry", "post")
