@@ -32,17 +32,34 @@ def _devices(ids: list[int], reported: list[DeviceReport]) -> dict[str, Any]:
     return {"devices": ids, "device_uuids": [d.uuid for d in chosen], "device_kind": kind}
 
 
-def _base(replica_id: str, model: Any, ids: list[int],
+def _base(replica_id: str, replica: Any, model: Any, ids: list[int],
           reported: list[DeviceReport]) -> dict[str, Any]:
-    profile = json.loads(model.profile)
-    out = {"replica_id": replica_id, "model": model.name, "engine": model.engine,
-           "source": model.source, "sha256": model.sha256, "size_bytes": model.size_bytes,
-           "args": json.loads(model.args),
+    """The launch of a replica (or part): the definition it was placed with
+    (``replicas.launch``, so an old one keeps its own through a rollout and an agent
+    restart), else its model's current one."""
+    launch = _launch(replica) or {
+        "engine": model.engine, "source": model.source, "sha256": model.sha256,
+        "size_bytes": model.size_bytes, "args": json.loads(model.args),
+        "profile": json.loads(model.profile), "slots": model.slots}
+    profile = launch.get("profile") or {}
+    out = {"replica_id": replica_id, "model": model.name, "engine": launch["engine"],
+           "source": launch["source"], "sha256": launch.get("sha256"),
+           "size_bytes": launch.get("size_bytes"), "args": list(launch.get("args") or []),
            "profile": {k: profile.get(k, 1) for k in ("gpus", "tp", "pp", "nodes")},
            **_devices(ids, reported)}
-    if model.slots is not None:     # the catalog's: the driver sets the engine's flag
-        out["slots"] = model.slots
+    if launch.get("slots") is not None:     # the catalog's: the driver sets the engine's flag
+        out["slots"] = launch["slots"]
     return out
+
+
+def _launch(replica: Any) -> dict[str, Any] | None:
+    text = getattr(replica, "launch", None)
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "engine" in value and "source" in value \
+        else None
 
 
 class _Addresses:
@@ -86,7 +103,7 @@ def assignments_for(conn: Any, reported: list[DeviceReport], *, heads: list[Any]
         model = models.get(row.model)
         if model is None:
             continue
-        item = _base(row.id, model, json.loads(row.devices), reported)
+        item = _base(row.id, row, model, json.loads(row.devices), reported)
         parts = all_parts.get(row.id, [])
         if parts:
             item.update(_multi(row, parts, 0, address))
@@ -96,7 +113,8 @@ def assignments_for(conn: Any, reported: list[DeviceReport], *, heads: list[Any]
         model = models.get(head.model) if head is not None else None
         if head is None or model is None or not head.desired or head.state == "failed":
             continue
-        item = _base(part_id(head.id, part.rank), model, json.loads(part.devices), reported)
+        item = _base(part_id(head.id, part.rank), head, model, json.loads(part.devices),
+                     reported)
         item.update(_multi(head, all_parts.get(head.id, []), part.rank, address))
         item["replica"] = head.id
         out.append(item)

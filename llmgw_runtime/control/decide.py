@@ -18,9 +18,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..api.states import ReplicaState
-from ..fleetvocab import heard_from
 from ..placement import place
-from . import autoscale, snapshot
+from ..store.models import row_to_spec
+from . import autoscale, rollout, snapshot, steps
+from .drain import SETTLE_S, STALE_S
 from .states import PARK_AFTER, backoff_s, idle_expired
 
 
@@ -32,6 +33,8 @@ class Settings:
     backoff: tuple[float, float] = (5.0, 300.0)
     park_after: int = PARK_AFTER
     rendezvous_ports: range = range(29500, 30000)
+    drain_settle_s: float = SETTLE_S
+    drain_stale_s: float = STALE_S
     new_id: Callable[[], str] = field(default=lambda: "r-" + uuid.uuid4().hex[:12])
 
     @classmethod
@@ -61,6 +64,8 @@ class Start:
     devices: tuple[int, ...]
     parts: tuple[tuple[int, str, tuple[int, ...]], ...] = ()
     rendezvous_port: int | None = None
+    definition_hash: str | None = None     # the model definition it runs
+    launch: str | None = None              # its launch fields (JSON, rollout.launch_fields)
 
 
 @dataclass
@@ -74,9 +79,22 @@ class Changes:
     stops: list[tuple[str, str]] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     unplaceable: dict[str, str | None] = field(default_factory=dict)   # every model's reason
+    drains: list[tuple[str, str, float]] = field(default_factory=list)  # id, reason, timeout
+    undrains: list[str] = field(default_factory=list)
+    rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)  # rollout_state keys
+    cuts: dict[str, int] = field(default_factory=dict)       # requests cut, by model
+    delete_models: list[str] = field(default_factory=list)   # deleted, no replica left
+    nodes_drained: list[str] = field(default_factory=list)
 
     def update_model(self, name: str, **values: Any) -> None:
         self.model_updates.setdefault(name, {}).update(values)
+
+    def roll(self, model: Any, **keys: Any) -> None:
+        """Set ``keys`` of the model's rollout state (None drops one), in the row read
+        (so the rest of the pass sees them) and in what is written."""
+        self.rollouts.setdefault(model.name, {}).update(keys)
+        state = {**rollout.parse_state(getattr(model, "rollout_state", None)), **keys}
+        model.rollout_state = rollout.state_text(state)
 
 
 # ------------------------------------------------------------------ the rules
@@ -142,19 +160,25 @@ def decide(fleet: Fleet, now: float, settings: Settings) -> Changes:
     changes = Changes()
     models = {name: SimpleNamespace(**row._mapping) if hasattr(row, "_mapping")
               else SimpleNamespace(**vars(row)) for name, row in fleet.models.items()}
+    pass_ = steps.Pass(fleet, models, now, settings)
     live: list[Any] = []
+    held: list[Any] = []                       # draining: they hold their devices
     for rep in fleet.replicas:
-        node = fleet.nodes.get(rep.node)
-        node_dead = node is None or not heard_from(node.last_report, now,
-                                                   settings.node_timeout_s)
         model = models.get(rep.model)
         if not rep.desired:
-            if node_dead:
+            if not pass_.heard_node(rep.node):
                 changes.delete_replicas.append(rep.id)       # nobody is left to stop it
+            continue
+        if steps.draining(rep):
+            held.append(rep)
             continue
         message = failure_of(rep, fleet.parts.get(rep.id, []), now, settings.start_timeout_s)
         if message is not None:
-            if model is not None:
+            if model is not None and pass_.rolls_to(model, rep):
+                keys, event = rollout.failed(model, rep, message, now)
+                changes.roll(model, **keys)
+                changes.events.append((rollout.EVENT, model.name, event))
+            elif model is not None:
                 values, events = record_failure(model, message, now, settings.backoff,
                                                 settings.park_after)
                 vars(model).update(values)
@@ -171,6 +195,8 @@ def decide(fleet: Fleet, now: float, settings: Settings) -> Changes:
     for rep in live:
         by_model.setdefault(rep.model, []).append(rep)
     for model in models.values():
+        if steps.deleted(model):
+            continue
         if idle_expired(model, by_model.get(model.name, []), now):
             model.activated_at = None
             changes.update_model(model.name, activated_at=None)
@@ -178,10 +204,15 @@ def decide(fleet: Fleet, now: float, settings: Settings) -> Changes:
                                    f"nobody used it for {model.idle_stop_after_s:.0f} s; "
                                    "stopping"))
         _scale(model, by_model.get(model.name, []), now, changes)
-    _place(fleet, models, live, now, settings, changes)
+    rolls = pass_.rolls(by_model, held, changes)
+    held = pass_.drained(held, changes)
+    serving = live + pass_.undrained
+    plan = _place(fleet, models, serving + held, now, settings, changes, pass_,
+                  {name: roll.target for name, roll in rolls.items()})
+    pass_.leave(rolls, plan, changes)
+    _reasons(models, serving, plan, now, changes)
+    pass_.finish(rolls, changes)
     return changes
-
-
 def _scale(model: Any, replicas: list[Any], now: float, changes: Changes) -> None:
     """The autoscaler's step for one model (a no-op for fixed replicas): its target and
     state into the row (only when they change) and the event."""
@@ -201,12 +232,15 @@ def _apply_step(model: Any, step: autoscale.Step, changes: Changes) -> None:
 
 
 def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
-           settings: Settings, changes: Changes) -> None:
+           settings: Settings, changes: Changes, pass_: steps.Pass,
+           targets: dict[str, int]) -> Any:
+    """Plan the pass (``targets``: replicas each model keeps, control/steps.py) and note
+    its starts and stops; returns the plan."""
     unusable: dict[str, str] = {}
     snap = snapshot.build(list(models.values()), list(fleet.nodes.values()), live, now,
                           settings.node_timeout_s, parts=fleet.parts,
                           replace_after_s=settings.replace_after_s,
-                          backoff=settings.backoff, unusable=unusable)
+                          backoff=settings.backoff, unusable=unusable, targets=targets)
     for name, node in fleet.nodes.items():
         problem = unusable.get(name)
         if node.plan_problem == problem:
@@ -219,6 +253,7 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
     deleted = set(changes.delete_replicas)
     ports_on = _ports_by_node(fleet, deleted)
     taken: set[int] = set()
+    launches: dict[str, tuple[str, str]] = {}
     for start in plan.starts:
         port = None
         if start.parts:
@@ -233,21 +268,32 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
                     "widen LLMGW_RENDEZVOUS_PORTS"))
                 continue
             taken.add(port)
+        if start.model not in launches:
+            row = models[start.model]
+            launches[start.model] = (row.definition_hash,
+                                     rollout.launch_fields(row_to_spec(row)))
         replica_id = settings.new_id()
         changes.starts.append(Start(replica_id, start.model, start.node, tuple(start.devices),
                                     tuple((p.rank, p.node, tuple(p.devices))
-                                          for p in start.parts), port))
+                                          for p in start.parts), port,
+                                    *launches[start.model]))
         where = "; ".join(f"{n} device(s) {','.join(str(d) for d in devs)}"
                           for n, devs in [(start.node, start.devices),
                                           *((p.node, p.devices) for p in start.parts)])
         changes.events.append(("place", start.model, f"replica {replica_id} placed on {where}"
                                + (f" ({start.why})" if start.why else "")))
+    by_id = {r.id: r for r in live}
     for replica_id in plan.stops:
-        changes.stops.append((replica_id, plan.stop_reasons.get(replica_id,
-                                                                "no longer wanted; stopping")))
-        changes.events.append(("stop", replica_id,
-                               plan.stop_reasons.get(replica_id, "no longer wanted; stopping")))
-    placed = _placed(live, plan)
+        why = plan.stop_reasons.get(replica_id, "no longer wanted; stopping")
+        rep = by_id[replica_id]
+        pass_.stop_or_drain(rep, steps.drain_reason(models.get(rep.model)), why, changes)
+    return plan
+
+
+def _reasons(models: dict[str, Any], live: list[Any], plan: Any, now: float,
+             changes: Changes) -> None:
+    """Every model's placement reason, written and told when it changes."""
+    placed = _placed([r for r in live if not steps.draining(r)], plan)
     for model in models.values():
         reason = _scale_unplaceable(model, placed.get(model.name, 0),
                                     plan.unplaceable.get(model.name), now, changes)

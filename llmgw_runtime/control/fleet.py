@@ -36,8 +36,8 @@ from ..placement import place
 from ..status import summary as status_summary
 from ..store import accounts, repo
 from ..store.models import row_to_spec
-from . import autoscale, capacity, snapshot
-from .decide import Changes, Fleet, Settings, decide, new_definition, unpark_values
+from . import autoscale, capacity, drain, rollout, rollout_ops, snapshot
+from .decide import Changes, Fleet, Settings, decide, unpark_values
 from .routes import routes_of
 from .states import model_state, start_streak
 
@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 
 
 def read(conn: Connection) -> Fleet:
-    """The fleet as the store holds it, read in one transaction."""
-    return Fleet(models={m.name: m for m in repo.list_models(conn)},
+    """The fleet as the store holds it, read in one transaction (deleted models whose
+    replicas still drain too)."""
+    return Fleet(models={m.name: m for m in repo.list_models(conn, deleted=True)},
                  nodes={n.name: n for n in repo.list_nodes(conn)},
                  replicas=repo.list_replicas(conn), parts=repo.parts_by_replica(conn))
 
@@ -66,13 +67,31 @@ def write(conn: Connection, changes: Changes, now: float) -> None:
         repo.delete_replica(conn, replica_id)
     for name, values in changes.model_updates.items():
         repo.update_model(conn, name, **values)
+    for name in set(changes.rollouts) | set(changes.cuts):
+        repo.merge_rollout_state(conn, name, changes.rollouts.get(name, {}),
+                                 cut=changes.cuts.get(name, 0))
     for name, problem in changes.node_problems.items():
         repo.set_plan_problem(conn, name, problem)
     for start in changes.starts:
         repo.add_replica(conn, start.replica_id, start.model, start.node, start.devices, now,
-                         parts=start.parts, rendezvous_port=start.rendezvous_port)
+                         parts=start.parts, rendezvous_port=start.rendezvous_port,
+                         definition_hash=start.definition_hash, launch=start.launch)
+    for replica_id in changes.undrains:
+        repo.update_replica(conn, replica_id, updated=now, **drain.UNDRAIN_VALUES)
+    for replica_id, reason, timeout in changes.drains:
+        repo.update_replica(conn, replica_id, updated=now,
+                            **drain.drain_values(reason, timeout, now))
     for replica_id, _ in changes.stops:
         repo.update_replica(conn, replica_id, desired=0, state="stopping", updated=now)
+    for name in changes.delete_models:
+        if repo.get_model(conn, name, deleted=True) is not None \
+                and repo.get_model(conn, name) is None:   # still deleted, not applied again
+            repo.delete_model(conn, name)
+    for name in changes.nodes_drained:
+        row = repo.get_node(conn, name)
+        state = drain.node_drain(row) if row is not None else None
+        if state is not None:
+            repo.set_node_drain(conn, name, True, {**state, "done": now})
     for kind, subject, message in changes.events:
         repo.add_event(conn, now, kind, subject, message)
 
@@ -97,8 +116,9 @@ def models_view(conn: Connection, now: float) -> list[dict[str, Any]]:
         item = repo.model_to_dict(row)
         reps = reps_by_model.get(row.name, [])
         state = model_state(row, reps, now)
+        serving = [r for r in reps if not drain.is_draining(r)]
         item.update(state=state.state, reason=state.reason, ready=state.ready,
-                    wanted=state.wanted, scaling=autoscale.view(row, reps, now))
+                    wanted=state.wanted, scaling=autoscale.view(row, serving, now))
         out.append(item)
     return out
 
@@ -114,7 +134,8 @@ def summary(conn: Connection, now: float, settings: Settings, *, idle_after_s: f
     models = models_view(conn, now)
     nodes = [repo.node_to_dict(n) for n in repo.list_nodes(conn)]
     parts = repo.parts_by_replica(conn)
-    replicas = [repo.replica_to_dict(r, parts.get(r.id)) for r in repo.list_replicas(conn)]
+    replicas = [repo.replica_to_dict(r, parts.get(r.id), now)
+                for r in repo.list_replicas(conn)]
     return status_summary.build(models, nodes, replicas, now, settings.node_timeout_s,
                                 idle_after_s=idle_after_s, store=store)
 
@@ -125,12 +146,13 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> admin.Plan:
     live = [r for r in fleet.replicas if r.desired and r.state != "failed"]
     result = place(dry_snapshot(fleet, now, settings))
     node_dicts = [repo.node_to_dict(n) for n in fleet.nodes.values()]
-    replica_dicts = [repo.replica_to_dict(r, fleet.parts.get(r.id)) for r in live]
+    replica_dicts = [repo.replica_to_dict(r, fleet.parts.get(r.id), now) for r in live]
     by_id = {r.id: r for r in live}
     used = status_summary.used_devices(replica_dicts)
-    fabrics, model_weights = status_summary.fabrics(
-        [repo.model_to_dict(m) for m in fleet.models.values()], node_dicts, now,
-        settings.node_timeout_s, used)
+    listed = [repo.model_to_dict(m) for m in fleet.models.values()
+              if getattr(m, "deleted_at", None) is None]
+    fabrics, model_weights = status_summary.fabrics(listed, node_dicts, now,
+                                                    settings.node_timeout_s, used)
     return admin.Plan(
         starts=[admin.PlanStart(model=s.model, node=s.node, devices=list(s.devices),
                                 parts=[admin.PlanPart(rank=p.rank, node=p.node,
@@ -143,19 +165,18 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> admin.Plan:
                for rid in result.stops],
         unplaceable=dict(result.unplaceable),
         devices=status_summary.devices_by_class(
-            node_dicts, replica_dicts, now, settings.node_timeout_s, used,
-            [repo.model_to_dict(m) for m in fleet.models.values()]),
+            node_dicts, replica_dicts, now, settings.node_timeout_s, used, listed),
         cards_unusable=status_summary.idle_cards(node_dicts),
         fabrics=fabrics, models=model_weights)
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                   prune: bool) -> dict[str, list[str]]:
-    """Store the catalog; a new definition of a model forgets its failures and unparks it
-    (the rule lives here, the store only stores). Idempotent: the same specs again change
-    nothing and log no event."""
+    """Store the catalog; a new definition of a model forgets its failures and unparks it,
+    and rolls the replicas that run another one (``rolls``; the old entry is kept for
+    ``ctl rollout undo``). The rules live here, the store only stores. Idempotent: the same
+    specs again change nothing and log no event."""
     rows = repo.list_models(conn)
-    before = {m.name: m.definition_hash for m in rows}
     named = {s.name for s in specs}
     # the models that stay (no --prune) must not share a name with the new ones, and
     # fallbacks may name them
@@ -167,14 +188,7 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                            "applied", details=clashes[:20] + [
                                "rename the alias or the fallback; --prune drops the "
                                "models the catalog no longer lists"])
-    result = repo.apply_catalog(conn, specs, now, prune=prune)
-    for spec in specs:
-        if new_definition(before.get(spec.name), spec.definition_hash):
-            repo.update_model(conn, spec.name, **unpark_values())
-    for verb in ("created", "updated", "deleted"):
-        for name in result[verb]:
-            repo.add_event(conn, now, "catalog", name, f"model {verb}")
-    return result
+    return rollout_ops.apply_specs(conn, specs, now, prune)
 
 
 def unpark(conn: Connection, name: str, now: float, by: str = "an operator") -> bool:
@@ -186,14 +200,16 @@ def unpark(conn: Connection, name: str, now: float, by: str = "an operator") -> 
     values = unpark_values()
     values.pop("last_error")
     repo.update_model(conn, name, **values)
+    rollout_ops.forget_failure(conn, row, now)
     repo.add_event(conn, now, "retry", name, f"unparked by {by}" if row.parked
                    else f"failures forgotten by {by} (it was not parked)")
     return bool(row.parked)
 
 
 def delete_model(conn: Connection, name: str, now: float) -> None:
-    """Remove ``name`` from the catalog (its replicas stop: they leave the assignments)."""
-    if not repo.delete_model(conn, name):
+    """Remove ``name`` from the catalog: it leaves every list at once; its ready replicas
+    drain (the requests in flight finish), then the row goes with the last of them."""
+    if not repo.delete_model(conn, name, now):
         raise NotFoundError(f"model {name!r} is not in the catalog")
     repo.add_event(conn, now, "catalog", name, "model deleted")
 
@@ -275,8 +291,10 @@ def routes(conn: Connection, now: float, backoff: tuple[float, float]) -> Routes
 
 
 def record_idle(conn: Connection, body: IdleMap, now: float) -> None:
-    """A router's idle map: each replica's last use and each model's load. Idempotent
-    (the newest time wins), so it is retried through a store failover."""
+    """A router's idle map: each replica's last use and each model's load, what the
+    posting worker has in flight on each draining replica, and a canary's requests per
+    version. Idempotent for the last use (the newest time wins); the rest is this
+    worker's latest word, so it is retried through a store failover."""
     # Routers send seconds since last use; the store's clock makes them times, so a
     # router host's clock never decides idleness.
     known = {r.id: r for r in repo.list_replicas(conn)}
@@ -286,6 +304,7 @@ def record_idle(conn: Connection, body: IdleMap, now: float) -> None:
         # Several routers post maps: keep the newest time seen.
         if row is not None and (row.last_used is None or when > row.last_used):
             repo.update_replica(conn, replica_id, last_used=float(when))
+    _record_in_flight(conn, body, known, now)
     # Each model's load joins its router's posts (control/capacity.py: what autoscaling
     # reads); one at capacity is merged into the window of such reports too. A retry
     # after a failover may count one post's refusals twice: a display figure, and one
@@ -302,6 +321,36 @@ def record_idle(conn: Connection, body: IdleMap, now: float) -> None:
             values.update(capacity_at=now,
                           capacity=json.dumps(capacity.merge(stored, report, now)))
         repo.update_model(conn, name, **values)
+    for name, counts in body.versions.items():
+        row = repo.get_model(conn, name)
+        state = rollout.parse_state(row.rollout_state) if row is not None else {}
+        if state.get("state") == rollout.CANARY:
+            added = rollout.add_versions(state, counts)
+            repo.merge_rollout_state(conn, name, {"versions": added["versions"]})
+
+
+def _record_in_flight(conn: Connection, body: IdleMap, known: dict[str, Any],
+                      now: float) -> None:
+    """This router worker's requests in flight on each draining replica (0 when the map
+    does not name it), the rows locked so concurrent posts add up."""
+    if not any(drain.is_draining(r) for r in known.values()):
+        return
+    worker = f"{body.router or '?'}/{body.worker or '?'}"
+    for row in repo.draining_replicas(conn, lock=True):
+        stored = drain.record_in_flight(row.in_flight, worker,
+                                        body.in_flight.get(row.id, 0), now)
+        repo.update_replica(conn, row.id, in_flight=stored)
+
+
+def drain_cut_totals(conn: Connection) -> dict[str, int]:
+    """Requests cut by drain timeouts, by model (``llmgw_drain_cut_requests_total``):
+    counted on the model's row, deleted models whose replicas still drain included."""
+    out = {}
+    for row in repo.list_models(conn, deleted=True):
+        cut = rollout.parse_state(row.rollout_state).get("cut")
+        if isinstance(cut, int) and cut > 0:
+            out[row.name] = cut
+    return out
 
 
 def mark_unreachable(conn: Connection, body: Unreachable, now: float) -> None:

@@ -5,7 +5,8 @@ No I/O and no clock: the rows (what the store holds) and ``now`` (the store's cl
 passed in; ``control/fleet.routes`` reads them. Each model's catalog part is its typed entry's
 :class:`~llmgw_runtime.api.catalog.RouteFields` as they are (``to_router``); beside it come its
 state (``states.model_state``), its ready endpoints, why nothing is routed, and its current
-start streak. The keys' part says which keys exist, and each key's priority, scope, expiry
+start streak; replicas that drain are no endpoints but are listed (``draining``), and a
+canary's endpoints are marked with its share of the requests. The keys' part says which keys exist, and each key's priority, scope, expiry
 and limits (docs/keys.md). Table-tested in tests/control/test_routes_of.py.
 """
 
@@ -21,22 +22,25 @@ from ..api.states import ModelState, ReplicaState
 from ..engines.slots import slots_of
 from ..store import accounts
 from ..store.models import row_to_spec
+from .drain import is_draining
 from .identity import url_host
+from .rollout import canary_of
 from .states import model_state, start_streak
 
 NOT_ROUTED_REASONS = ("parked", "unplaceable")    # states whose own reason says it all
 
 
-def endpoints_of(spec: ModelSpec, replicas: list[Any], nodes: dict[str, Any]
-                 ) -> list[Endpoint]:
-    """The model's wanted, ready replicas on nodes with an address."""
+def endpoints_of(spec: ModelSpec, replicas: list[Any], nodes: dict[str, Any],
+                 canary: frozenset[str] = frozenset()) -> list[Endpoint]:
+    """The model's wanted, ready replicas on nodes with an address, but those draining;
+    ``canary``: the replicas of a canary's new version (marked so)."""
     slots = slots_of(spec)
     out = []
     for rep in replicas:
         node = nodes.get(rep.node)
         if rep.desired and rep.state == ReplicaState.READY and rep.port and node is not None \
-                and node.address:
-            out.append(Endpoint(replica_id=rep.id, slots=slots,
+                and node.address and not is_draining(rep):
+            out.append(Endpoint(replica_id=rep.id, slots=slots, canary=rep.id in canary,
                                 url=f"http://{url_host(node.address)}:{rep.port}"))
     return out
 
@@ -56,13 +60,16 @@ def route_model(row: Any, replicas: list[Any], nodes: dict[str, Any], now: float
     """One model of the table, from its ``models`` row and its replicas' rows."""
     spec = row_to_spec(row)
     state = model_state(row, replicas, now)
-    endpoints = endpoints_of(spec, replicas, nodes)
+    percent, canary = canary_of(row, replicas)
+    endpoints = endpoints_of(spec, replicas, nodes, canary)
     reason = state.reason
     if not endpoints and state.state not in NOT_ROUTED_REASONS:
         reason = unreachable_reason(replicas) or reason
     streak = start_streak(row, now, backoff)
     return RouteModel(**to_router(spec), state=ModelState(state.state), reason=clean(reason),
                       endpoints=tuple(endpoints), engine=spec.engine,
+                      draining=tuple(r.id for r in replicas if is_draining(r)),
+                      canary_percent=percent if any(e.canary for e in endpoints) else 0,
                       failures=streak["failures"], last_error=clean(streak["last_error"]),
                       retry_after_s=streak["retry_after_s"])
 

@@ -9,6 +9,7 @@ from typing import Any
 from ..fleetvocab import held_sources
 from ..placement import DeviceView, ModelView, NodeView, PartView, ReplicaView, Snapshot
 from ..store.models import row_to_spec
+from .drain import cordoned, draining_node, is_draining, replica_nodes
 from .states import in_backoff, wanted_replicas
 
 
@@ -42,7 +43,8 @@ def node_view(row: Any) -> NodeView:
     local, shared = weights_views(row.weights)
     return NodeView(name=row.name, devices=device_views(row.devices),
                     engines=tuple(json.loads(row.engines)), last_report=row.last_report,
-                    fabric=row.fabric, weights=local, shared_weights=shared)
+                    fabric=row.fabric, weights=local, shared_weights=shared,
+                    cordoned=cordoned(row))
 
 
 def node_views(nodes: list[Any]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
@@ -63,15 +65,21 @@ def node_views(nodes: list[Any]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
 def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
           node_timeout_s: float, *, parts: dict[str, list[Any]],
           replace_after_s: float, backoff: tuple[float, float],
-          unusable: dict[str, str] | None = None) -> Snapshot:
+          unusable: dict[str, str] | None = None,
+          targets: dict[str, int] | None = None) -> Snapshot:
     """The planner's snapshot; ``parts`` are the worker parts by replica id (every caller
-    must pass them, or the nodes of multi-node replicas would look free)."""
+    must pass them, or the nodes of multi-node replicas would look free). ``targets``:
+    the replicas each model keeps in this pass (a rollout's, control/steps.py), else what
+    it wants. A draining replica, or one on a draining node, holds its devices but is not
+    one of its model's replicas (so its replacement is placed)."""
     by_model: dict[str, list[Any]] = {}
     for rep in replicas:
         by_model.setdefault(rep.model, []).append(rep)
+    leaving = {n.name for n in nodes if draining_node(n)}
+    targets = targets or {}
     model_views = tuple(
         ModelView(spec=row_to_spec(m),
-                  wanted=wanted_replicas(m, by_model.get(m.name, []), now),
+                  wanted=targets.get(m.name, wanted_replicas(m, by_model.get(m.name, []), now)),
                   parked=bool(m.parked),
                   hold_starts=in_backoff(m.consecutive_failures, m.last_failure_at, now,
                                          *backoff))
@@ -82,7 +90,9 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
                     desired=bool(r.desired),
                     parts=tuple(PartView(rank=p.rank, node=p.node,
                                          devices=tuple(json.loads(p.devices)))
-                                for p in parts.get(r.id, [])))
+                                for p in parts.get(r.id, [])),
+                    counts=not is_draining(r) and not (
+                        replica_nodes(r, parts.get(r.id, [])) & leaving))
         for r in replicas)
     views, bad = node_views(nodes)
     if unusable is not None:

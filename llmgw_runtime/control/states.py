@@ -44,7 +44,7 @@ def wanted_replicas(model: Any, replicas: list[Any], now: float) -> int:
     until activated, and goes back to none when every replica was idle long enough. A
     model with a replica range runs the autoscaler's target (control/autoscale.py) within
     it, its floor until there is one."""
-    if model.parked:
+    if model.parked or getattr(model, "deleted_at", None) is not None:
         return 0
     if model.on_demand and model.activated_at is None:
         return 0
@@ -69,7 +69,9 @@ def idle_expired(model: Any, replicas: list[Any], now: float) -> bool:
 def model_state(model: Any, replicas: list[Any], now: float) -> ModelState:
     """The one answer to "what is this model doing", used by routes, ctl and the console."""
     live = [r for r in replicas if r.desired]
-    ready = sum(1 for r in live if r.state == "ready")
+    # a draining replica serves no new request: it is not counted ready
+    ready = sum(1 for r in live if r.state == "ready"
+                and getattr(r, "drain_since", None) is None)
     wanted = wanted_replicas(model, live, now)
     if model.parked:
         return ModelState(model.name, "parked", model.last_error or "too many failed starts",

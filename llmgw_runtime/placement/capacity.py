@@ -187,7 +187,10 @@ class Capacity:
         self.names = sorted({n.name for n in snap.nodes})      # rank -> name
         self.rank = {name: i for i, name in enumerate(self.names)}
         self.views = {n.name: n for n in snap.nodes}
-        self.alive = [r for r, name in enumerate(self.names) if alive(self.views[name], snap)]
+        reporting_ = [r for r, name in enumerate(self.names) if alive(self.views[name], snap)]
+        # A cordoned (or draining) node reports, but takes no new replica.
+        self.cordoned = [self.names[r] for r in reporting_ if self.views[self.names[r]].cordoned]
+        self.alive = [r for r in reporting_ if not self.views[self.names[r]].cordoned]
         self.classes: dict[str, list[int]] = {}   # class -> reporting nodes that have one
         for rank in self.alive:
             for klass in sorted({d.klass for d in self.views[self.names[rank]].devices}):

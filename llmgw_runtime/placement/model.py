@@ -32,6 +32,9 @@ class NodeView:
     weights: frozenset[str] | None = None
     # Sources it found on a shared filer (nfs, lustre, ...): they count for its whole fabric.
     shared_weights: frozenset[str] = frozenset()
+    # Cordoned or draining (``ctl nodes cordon``/``drain``): its devices are no capacity for
+    # new replicas; what runs there keeps running until it is moved.
+    cordoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class ReplicaView:
     started: float
     desired: bool = True
     parts: tuple[PartView, ...] = ()
+    # Whether it is one of its model's replicas: False while it drains, or while it leaves
+    # a draining node (it still holds its devices, and its model gets a replacement).
+    counts: bool = True
 
 
 @dataclass(frozen=True)

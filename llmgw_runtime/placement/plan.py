@@ -67,11 +67,12 @@ def _order(model: ModelView) -> tuple[int, int, str]:
 def _keep_or_stop(snap: Snapshot, models: dict[str, ModelView], views: dict[str, NodeView],
                   plan: Plan) -> dict[str, list[ReplicaView]]:
     """Stop replicas of models that left the catalog and those on nodes silent past
-    ``replace_after_s``; return the rest of the active ones by model."""
+    ``replace_after_s``; return the rest of the active ones by model (those that count:
+    a draining replica, or one leaving a draining node, holds its devices only)."""
     active: dict[str, list[ReplicaView]] = {}
     for rep in sorted(snap.replicas, key=lambda r: r.id):
-        if not rep.desired:
-            continue
+        if not rep.desired or not rep.counts:
+            continue        # a replica that drains or leaves its node stops on its own
         if rep.model not in models:
             _stop(plan, rep.id, f"model {rep.model} is no longer in the catalog")
             continue
@@ -149,7 +150,7 @@ def _place_model(cap: Capacity, spec: ModelSpec, reps: list[ReplicaView], wanted
         if reason is None:
             choice = cap.best_multi(req) if prof.nodes > 1 else cap.best_single(req)
             if choice is None:
-                reason = failed[req.signature] = _reason(cap, req)
+                reason = failed[req.signature] = _cordoned_words(cap, _reason(cap, req))
         if choice is None:
             plan.unplaceable[spec.name] = _placed_words(str(reason), placed, wanted)
             return
@@ -261,6 +262,14 @@ def _reason(cap: Capacity, req: Request) -> str:
     if most == 0:
         return f"needs {what} on one node; none is free (all {healthy} healthy ones are taken)"
     return f"needs {what} on one node; the most free on one node is {most} ({where})"
+
+
+def _cordoned_words(cap: Capacity, reason: str) -> str:
+    """The reason, and the cordoned nodes left out when there are any."""
+    if not cap.cordoned:
+        return reason
+    shown = ", ".join(cap.cordoned[:5]) + (" ..." if len(cap.cordoned) > 5 else "")
+    return f"{reason}; cordoned or draining, so left out: {shown}"
 
 
 def _multi_reason(cap: Capacity, req: Request, with_engine: list[NodeState]) -> str:

@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..api.agent import Report
 from ..api.catalog import ModelSpec
+from ..control import drain as drains
 from .db import fleet_changed, generation
 from .models import row_to_spec, spec_to_row
 from .schema import events, leases, models, nodes, replica_parts, replicas
@@ -31,13 +32,24 @@ def model_to_dict(row: Any) -> dict[str, Any]:
             "placement_reason": row.placement_reason, "created": row.created,
             "updated": row.updated, "capacity_at": row.capacity_at,
             "capacity": json.loads(row.capacity) if row.capacity else None,
-            "scale_target": row.scale_target}
+            "scale_target": row.scale_target,
+            "rollout_state": _json_or_none(getattr(row, "rollout_state", None))}
+
+
+def _json_or_none(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                   prune: bool = False) -> dict[str, list[str]]:
-    """Create or update each model; returns what changed. (What a new definition means,
-    unparking, is the fleet layer's rule: control/fleet.apply_catalog.)"""
+    """Create or update each model; returns what changed. A model deleted while its
+    replicas drain (``deleted_at``) is created again, and its replicas count again.
+    ``prune`` deletes the others (``delete_model``: at once when nothing runs, else once
+    their replicas drained). (What a new definition means, unparking and rolling, is the
+    fleet layer's rule: control/fleet.apply_catalog.)"""
     existing = {r.name: r for r in conn.execute(sa.select(models))}
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "deleted": []}
     for spec in specs:
@@ -49,6 +61,11 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                 **values))
             result["created"].append(spec.name)
             continue
+        if row.deleted_at is not None:
+            conn.execute(models.update().where(models.c.name == spec.name)
+                         .values(updated=now, deleted_at=None, **values))
+            result["created"].append(spec.name)
+            continue
         if row_to_spec(row) == spec:
             result["unchanged"].append(spec.name)
             continue
@@ -58,34 +75,77 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
     if prune:
         keep = {s.name for s in specs}
         for name in sorted(set(existing) - keep):
-            delete_model(conn, name)
-            result["deleted"].append(name)
+            if existing[name].deleted_at is None:
+                delete_model(conn, name, now)
+                result["deleted"].append(name)
     if result["created"] or result["updated"] or result["deleted"]:
         fleet_changed(conn)
     return result
 
 
-def list_models(conn: Connection) -> list[Any]:
-    return list(conn.execute(sa.select(models).order_by(models.c.name)))
+def list_models(conn: Connection, deleted: bool = False) -> list[Any]:
+    """The catalog's models by name; ``deleted``: also those deleted whose replicas still
+    drain (the reconciler's read)."""
+    query = sa.select(models).order_by(models.c.name)
+    if not deleted:
+        query = query.where(models.c.deleted_at.is_(None))
+    return list(conn.execute(query))
 
 
 def models_named(conn: Connection, names: set[str]) -> dict[str, Any]:
+    """Rows by name, deleted ones too (their draining replicas' assignments need them)."""
     if not names:
         return {}
     return {r.name: r for r in conn.execute(sa.select(models).where(models.c.name.in_(names)))}
 
 
-def get_model(conn: Connection, name: str) -> Any | None:
-    return conn.execute(sa.select(models).where(models.c.name == name)).first()
+def get_model(conn: Connection, name: str, deleted: bool = False) -> Any | None:
+    """A model of the catalog (``deleted``: or one deleted whose replicas still drain)."""
+    query = sa.select(models).where(models.c.name == name)
+    if not deleted:
+        query = query.where(models.c.deleted_at.is_(None))
+    return conn.execute(query).first()
 
 
-def delete_model(conn: Connection, name: str) -> bool:
-    # Its replicas are told to stop by disappearing from the assignments.
+def delete_model(conn: Connection, name: str, now: float | None = None) -> bool:
+    """Delete ``name`` from the catalog. With ``now``: while a wanted replica of it runs,
+    the row stays, marked deleted (its replicas drain; the reconciler removes the row with
+    the last of them); else the row goes at once, with its replicas (they are told to stop
+    by disappearing from the assignments). Whether it was in the catalog."""
+    if now is not None:
+        wanted = conn.execute(sa.select(replicas.c.id).where(
+            replicas.c.model == name, replicas.c.desired == 1).limit(1)).first()
+        if wanted is not None:
+            fleet_changed(conn)
+            return conn.execute(models.update().where(
+                models.c.name == name, models.c.deleted_at.is_(None))
+                .values(deleted_at=now, updated=now)).rowcount > 0
+        if get_model(conn, name) is None:
+            return False
     fleet_changed(conn)
     ids = sa.select(replicas.c.id).where(replicas.c.model == name)
     conn.execute(replica_parts.delete().where(replica_parts.c.replica_id.in_(ids)))
     conn.execute(replicas.delete().where(replicas.c.model == name))
     return conn.execute(models.delete().where(models.c.name == name)).rowcount > 0
+
+
+def merge_rollout_state(conn: Connection, name: str, keys: dict[str, Any],
+                        cut: int = 0) -> dict[str, Any] | None:
+    """Set ``keys`` of the model's ``rollout_state`` (None drops one) and add ``cut`` to its
+    count of requests cut by drain timeouts, on the row as it is now (locked), so what a
+    router posts meanwhile is kept. Returns the new state (None: no such row)."""
+    row = conn.execute(sa.select(models.c.rollout_state).where(models.c.name == name)
+                       .with_for_update()).first()
+    if row is None:
+        return None
+    state = _json_or_none(row.rollout_state)
+    state = {**(state if isinstance(state, dict) else {}), **keys}
+    if cut:
+        state["cut"] = int(state.get("cut") or 0) + cut
+    kept = {k: v for k, v in state.items() if v is not None}
+    conn.execute(models.update().where(models.c.name == name).values(
+        rollout_state=json.dumps(kept, sort_keys=True) if kept else None))
+    return kept
 
 
 # What an assignment carries of its model (control/assignments.py).
@@ -107,7 +167,17 @@ def node_to_dict(row: Any) -> dict[str, Any]:
             "last_report": row.last_report, "agent_version": row.agent_version,
             "devices": json.loads(row.devices), "engines": json.loads(row.engines),
             "weights": json.loads(row.weights), "hardware": json.loads(row.hardware),
-            "problem": row.problem or row.plan_problem}
+            "problem": row.problem or row.plan_problem,
+            "cordoned": bool(getattr(row, "cordoned", 0)),
+            "draining": drains.draining_node(row)}
+
+
+def set_node_drain(conn: Connection, name: str, cordoned: bool,
+                   drain: dict[str, Any] | None) -> bool:
+    """A node's cordon and drain (JSON, control/drain.py); whether the node exists."""
+    return conn.execute(nodes.update().where(nodes.c.name == name).values(
+        cordoned=int(cordoned),
+        drain=json.dumps(drain, sort_keys=True) if drain is not None else None)).rowcount > 0
 
 
 def list_nodes(conn: Connection) -> list[Any]:
@@ -229,15 +299,26 @@ def model_sources(conn: Connection) -> list[str]:
 # ---------------------------------------------------------------- replicas
 
 
-def replica_to_dict(row: Any, parts: list[Any] | None = None) -> dict[str, Any]:
+def replica_to_dict(row: Any, parts: list[Any] | None = None,
+                    now: float | None = None) -> dict[str, Any]:
+    """A replica as the admin API shows it; ``now`` (the store's clock) says how long a
+    draining one has left (without it: its whole drain timeout)."""
     out = {"id": row.id, "model": row.model, "node": row.node,
            "devices": json.loads(row.devices), "port": row.port, "pid": row.pid,
            "state": row.state, "desired": bool(row.desired), "started": row.started,
            "updated": row.updated, "last_used": row.last_used, "last_error": row.last_error,
            "rendezvous_port": row.rendezvous_port,
-           "progress": json.loads(row.progress) if row.progress else None}
+           "progress": json.loads(row.progress) if row.progress else None,
+           "draining": drains.view(row, now),
+           "current": _current(row)}
     out["parts"] = [part_to_dict(p) for p in parts or []]
     return out
+
+
+def _current(row: Any) -> bool:
+    """It runs its model's current definition (``model_hash``: list_replicas joins it)."""
+    mine, model_hash = getattr(row, "definition_hash", None), getattr(row, "model_hash", None)
+    return mine is None or model_hash is None or mine == model_hash
 
 
 def part_to_dict(row: Any) -> dict[str, Any]:
@@ -246,9 +327,25 @@ def part_to_dict(row: Any) -> dict[str, Any]:
 
 
 def list_replicas(conn: Connection, node: str | None = None) -> list[Any]:
-    query = sa.select(replicas).order_by(replicas.c.model, replicas.c.started)
+    """Replicas by model and start (``node``: those it heads). Each row of the whole list
+    carries ``model_hash``, its model's current definition (None: no model row)."""
     if node is not None:
-        query = query.where(replicas.c.node == node)
+        return list(conn.execute(sa.select(replicas).where(replicas.c.node == node)
+                                 .order_by(replicas.c.model, replicas.c.started)))
+    query = (sa.select(replicas, models.c.definition_hash.label("model_hash"))
+             .select_from(replicas.outerjoin(models, models.c.name == replicas.c.model))
+             .order_by(replicas.c.model, replicas.c.started))
+    return list(conn.execute(query))
+
+
+def draining_replicas(conn: Connection, lock: bool = False) -> list[Any]:
+    """Wanted replicas that drain (``lock``: kept locked to the end of the transaction,
+    so two router posts do not write over each other's in-flight counts)."""
+    query = sa.select(replicas).where(replicas.c.desired == 1,
+                                      replicas.c.drain_since.is_not(None)) \
+        .order_by(replicas.c.id)
+    if lock:
+        query = query.with_for_update()
     return list(conn.execute(query))
 
 
@@ -259,12 +356,15 @@ def get_replica(conn: Connection, replica_id: str) -> Any | None:
 def add_replica(conn: Connection, replica_id: str, model: str, node: str,
                 devices: tuple[int, ...], now: float,
                 parts: tuple[tuple[int, str, tuple[int, ...]], ...] = (),
-                rendezvous_port: int | None = None) -> None:
-    """A new pending replica; ``parts`` are its worker parts as (rank, node, devices)."""
+                rendezvous_port: int | None = None, definition_hash: str | None = None,
+                launch: str | None = None) -> None:
+    """A new pending replica; ``parts`` are its worker parts as (rank, node, devices);
+    ``definition_hash`` and ``launch`` (JSON) the model definition it runs."""
     fleet_changed(conn)
     conn.execute(replicas.insert().values(
         id=replica_id, model=model, node=node, devices=json.dumps(list(devices)),
-        state="pending", desired=1, started=now, updated=now, rendezvous_port=rendezvous_port))
+        state="pending", desired=1, started=now, updated=now, rendezvous_port=rendezvous_port,
+        definition_hash=definition_hash, launch=launch))
     for rank, part_node, part_devices in parts:
         conn.execute(replica_parts.insert().values(
             replica_id=replica_id, rank=rank, node=part_node,
@@ -316,9 +416,10 @@ def used_rendezvous_ports(conn: Connection, nodes_: set[str]) -> set[int]:
 
 
 def update_replica(conn: Connection, replica_id: str, **values: Any) -> None:
-    """Change a replica's row. Anything but its last use changes what the report path
-    caches (agent_api.py), so the transaction moves the assignments generation."""
-    if set(values) - {"last_used"}:
+    """Change a replica's row. Anything but its last use and its requests in flight
+    changes what the report path caches (agent_api.py), so the transaction moves the
+    assignments generation."""
+    if set(values) - {"last_used", "in_flight"}:
         fleet_changed(conn)
     conn.execute(replicas.update().where(replicas.c.id == replica_id).values(**values))
 

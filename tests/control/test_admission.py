@@ -52,7 +52,7 @@ def test_routes_carry_each_models_admission_settings_and_replica_slots(api: Api)
     assert (tiny["routing"], tiny["max_queue"], tiny["max_wait_s"]) == (
         "least-outstanding", 7, 4.5)
     assert tiny["endpoints"] == [{"replica_id": rid, "url": "http://127.0.0.1:41000",
-                                  "slots": 3}]
+                                  "slots": 3, "canary": False}]
     assert (plain["routing"], plain["max_queue"], plain["max_wait_s"]) == (
         "prefix-affinity", 100, 30.0)
 

@@ -107,7 +107,8 @@ def test_report_gets_assignments_and_routes_follow_replica_states(api: Api) -> N
     assert routes["models"][0]["state"] == "ready"
     # slots: the CPU engine's default (--parallel 1), as the catalog sets none
     assert routes["models"][0]["endpoints"] == [{"replica_id": rid,
-                                                "url": "http://127.0.0.1:41000", "slots": 1}]
+                                                "url": "http://127.0.0.1:41000", "slots": 1,
+                                                   "canary": False}]
 
 
 def test_a_failed_replica_keeps_the_engines_message(api: Api) -> None:

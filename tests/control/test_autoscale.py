@@ -174,7 +174,8 @@ def test_decide_steps_down_and_stops_the_least_useful_replica() -> None:
     changes = decide(fleet([m], [node()], reps), NOW, settings())
     assert events(changes) == ["busy 0 of 8 slots (0%) < 30%, nothing waiting for 301 s: "
                                "2 -> 1"]
-    assert [rid for rid, _ in changes.stops] == ["r-2"]
+    # the newer one finishes its requests in flight first, then stops
+    assert [(rid, why) for rid, why, _ in changes.drains] == [("r-2", "scale-down")]
 
 
 def test_an_extra_replica_with_no_room_is_reported_once_not_every_tick() -> None:

@@ -193,4 +193,5 @@ def test_every_field_the_routers_read_is_sent_even_when_empty() -> None:
                     "max_queue": 100, "max_wait_s": 30.0, "aliases": [], "fallback": [],
                     "max_tokens": None, "state": "starting", "reason": None,
                     "endpoints": [], "failures": 0, "last_error": None,
-                    "retry_after_s": None, "engine": "llama.cpp"}
+                    "retry_after_s": None, "engine": "llama.cpp", "draining": [],
+                    "canary_percent": 0}
