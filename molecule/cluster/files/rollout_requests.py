@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Count the cluster scenario's rollout requests (verify.yml): in all and per restart window.
+"""Count the cluster scenario's requests (verify.yml) during an operation (the agents'
+rolling restart, a node's maintenance): in all, during it, and per agent restart window.
 
     rollout_requests.py REQUESTS_FILE TIMES_JSON
 
-REQUESTS_FILE: request_loop.sh's lines, "<unix time sent> <HTTP status>".
-TIMES_JSON: {"rollout": [start, end], "loop_stopped": t, "agents": [[name, show], ...]}:
-unix times, and for each agent the output of
+REQUESTS_FILE: request_loop.sh's lines, "<unix time sent> <outcome>" (an HTTP status, or
+"cut": a 200 that was not a whole answer); only "200" counts as answered.
+TIMES_JSON: {"rollout": [start, end], "loop_stopped": t, "agents": [[name, show], ...],
+"what": "rollout"}: unix times, what the operation is called in the report (default
+"rollout"; the key "rollout" holds its times whatever it is), and for each agent (none for
+an operation that restarts no agent) the output of
 `systemctl show llmgw-agent.service --timestamp=us+utc -p ActiveExitTimestamp
 -p ActiveEnterTimestamp`
 (ActiveExitTimestamp: the old agent began to stop; ActiveEnterTimestamp: the new one runs).
@@ -44,6 +48,7 @@ def describe(c: dict) -> str:
 def main(requests_file: str, times_json: str) -> None:
     times = json.loads(times_json)
     start, end = (float(t) for t in times["rollout"])
+    what = times.get("what", "rollout")
     loop_stopped = float(times["loop_stopped"])
     requests = []
     with open(requests_file) as fh:
@@ -73,9 +78,9 @@ def main(requests_file: str, times_json: str) -> None:
     last = requests[-1][0] if requests else None
     failures = [f"{sent - start:+.1f} s {code}" for sent, code in requests if code != "200"]
     report = [f"all requests: {describe(total)}"
-              + (f", from {start - first:.1f} s before the rollout to {last - end:.1f} s "
+              + (f", from {start - first:.1f} s before the {what} to {last - end:.1f} s "
                  f"after it" if requests else ""),
-              f"during the {end - start:.1f} s rollout: {describe(counts(requests, start, end))}"]
+              f"during the {end - start:.1f} s {what}: {describe(counts(requests, start, end))}"]
     for w in windows:
         if w["stopped"] is None:
             report.append(f"{w['name']}: systemd has no stop time for llmgw-agent")
@@ -83,9 +88,9 @@ def main(requests_file: str, times_json: str) -> None:
         running = (f", running again {w['started'] - w['stopped']:.1f} s later"
                    if w["started"] else "")
         report.append(f"{w['name']} restart window, {w['to'] - w['from']:.1f} s from its stop "
-                      f"({w['stopped'] - start:.1f} s into the rollout{running}): {describe(w)}")
+                      f"({w['stopped'] - start:.1f} s into the {what}{running}): {describe(w)}")
     if failures:
-        report.append("first failures (sent, from the rollout's start; HTTP status): "
+        report.append(f"first failures (sent, from the {what}'s start; HTTP status or cut): "
                       + ", ".join(failures[:20]))
     print(json.dumps({**total, "first": first, "last": last,
                       "during_rollout": counts(requests, start, end),
