@@ -112,17 +112,18 @@ def stop_at_once(rep: Any, heard: bool) -> str | None:
 
 def view(rep: Any, now: float | None) -> dict[str, Any] | None:
     """What ``ctl replicas`` shows of a draining replica (api/admin.py ``ReplicaDrain``):
-    why, what the routers last said is in flight, and the seconds left before what is
-    left is cut (the full timeout when ``now`` is not given). None: it does not drain."""
+    why, what the routers heard from lately say is in flight, and the seconds left before
+    what is left is cut. Without ``now``, the routers' latest post stands for it (they post
+    every second while a replica drains). None: it does not drain."""
     if not is_draining(rep):
         return None
     since = float(rep.drain_since)
     timeout = float(getattr(rep, "drain_timeout_s", None) or DEFAULT_TIMEOUT_S)
-    at = now if now is not None else since
-    counts = (fresh_in_flight(rep, now) if now is not None
-              else [int(c) for c, _ in in_flight_of(rep).values()])
-    return {"reason": rep.drain_reason or "stopping", "in_flight": sum(counts),
-            "left_s": round(max(0.0, since + timeout - at), 1), "since": since}
+    if now is None:
+        now = max([since, *(at for _, at in in_flight_of(rep).values())])
+    return {"reason": rep.drain_reason or "stopping",
+            "in_flight": sum(fresh_in_flight(rep, now)),
+            "left_s": round(max(0.0, since + timeout - now), 1), "since": since}
 
 
 def drain_values(reason: str, timeout_s: float | None, now: float) -> dict[str, Any]:

@@ -220,29 +220,41 @@ class Pass:
 
     def leave(self, rolls: dict[str, Roll], plan: Plan, changes: Any) -> None:
         """Going and old replicas drain (ready) or stop; a rolling model's reason says
-        when a new replica has no room."""
+        when a new replica has no room (none while an old one drains to make room)."""
+        stops = set(plan.stops)
         for name, roll in rolls.items():
             reason = plan.unplaceable.get(name)
-            if reason and roll.mode != rollout.NONE:
-                plan.unplaceable[name] = rollout.no_room(roll.mode, roll.settings,
-                                                         len(roll.parts.old), reason)
             forced = bool(reason) and any(self.nodes_of(r) & self.forced_nodes
                                           for r in roll.parts.going)
-            parts = rollout.Split(
-                old=[r for r in roll.parts.old if r.id not in set(plan.stops)],
-                new=[r for r in roll.parts.new if r.id not in set(plan.stops)],
-                going=roll.parts.going)
+            parts = rollout.Split(old=[r for r in roll.parts.old if r.id not in stops],
+                                  new=[r for r in roll.parts.new if r.id not in stops],
+                                  going=roll.parts.going)
             out = rollout.retire(roll.mode, roll.wanted, roll.settings.max_unavailable,
                                  parts, force_going=forced)
             for rid, why in out.drains:
                 self.stop_or_drain(self.by_id[rid], why, f"replica {rid} stops ({why})",
                                    changes)
             for rid, why in out.stops:
-                rep = self.by_id[rid]
                 if rid not in self.stopped:
                     self.stopped.add(rid)
                     changes.stops.append((rid, why))
-                    changes.events.append(("stop", rep.id, why))
+                    changes.events.append(("stop", rid, why))
+            if reason and self._makes_room(name, roll):
+                del plan.unplaceable[name]    # an old one drains for it: not unplaceable
+            elif reason and roll.mode != rollout.NONE:
+                plan.unplaceable[name] = rollout.no_room(roll.mode, roll.settings,
+                                                         len(roll.parts.old), reason)
+
+    def _makes_room(self, name: str, roll: Roll) -> bool:
+        """A rollout replacing in place (``max_unavailable``) waits for an old replica
+        of the model to drain and free its devices: the new one's missing room is that."""
+        if roll.mode not in (rollout.ROLLING, rollout.NONE) \
+                or not roll.settings.max_unavailable:
+            return False
+        model = self.models[name]
+        return any(r.model == name and r.desired and rollout.is_old(r, model.definition_hash)
+                   and (r.id in self.stopped or getattr(r, "drain_reason", None)
+                        == drain.ROLLOUT) for r in self.fleet.replicas)
 
     def finish(self, rolls: dict[str, Roll], changes: Any) -> None:
         """Rollouts with no old replica left are done; a deleted model with no replica

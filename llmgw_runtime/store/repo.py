@@ -43,6 +43,13 @@ def _json_or_none(text: str | None) -> Any:
         return None
 
 
+# The fleet's state of a model that is created anew (a deleted name applied again).
+FRESH: dict[str, Any] = {
+    "parked": 0, "consecutive_failures": 0, "last_error": None, "last_failure_at": None,
+    "activated_at": None, "placement_reason": None, "capacity_at": None, "capacity": None,
+    "load": None, "scale_target": None, "scale_state": None, "previous_definition": None}
+
+
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                   prune: bool = False) -> dict[str, list[str]]:
     """Create or update each model; returns what changed. A model deleted while its
@@ -61,9 +68,9 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                 **values))
             result["created"].append(spec.name)
             continue
-        if row.deleted_at is not None:
-            conn.execute(models.update().where(models.c.name == spec.name)
-                         .values(updated=now, deleted_at=None, **values))
+        if row.deleted_at is not None:     # created again: what was known of it goes
+            conn.execute(models.update().where(models.c.name == spec.name).values(
+                created=now, updated=now, deleted_at=None, **FRESH, **values))
             result["created"].append(spec.name)
             continue
         if row_to_spec(row) == spec:

@@ -234,3 +234,12 @@ def test_a_replica_keeps_the_launch_fields_it_was_placed_with() -> None:
         "engine": "llama.cpp", "source": "/x.gguf", "sha256": None, "size_bytes": None,
         "args": ["-c", "2048"], "slots": 2,
         "profile": {"class": "cpu", "gpus": 1, "tp": 1, "pp": 1, "nodes": 1}}
+
+
+def test_replacing_in_place_waits_for_the_old_one_without_calling_it_unplaceable() -> None:
+    m = rolling(surge=0, unavailable=1, replicas=1)
+    going = old("r-1", drain_since=NOW - 5, drain_reason="rollout", drain_timeout_s=120.0,
+                in_flight=json.dumps({"r/1": [1, NOW]}))
+    changes = decide(fleet([m], [gpu_node("n1", count=1)], [going]), NOW, settings())
+    assert not changes.starts and changes.unplaceable["m"] is None
+    assert "placement_reason" not in changes.model_updates.get("m", {})
