@@ -141,5 +141,15 @@ while IFS=$'\t' read -r name result seconds; do
 done < "$RESULTS_FILE"
 printf '  %-10s %-16s %4d s\n' "sum" "" "$total"
 printf '  %-10s %-16s %4d s (%s lane(s) before the cluster)\n' "wall" "" "$wall" "$JOBS"
+# What failed, again at the very end: a CI log often keeps only its last lines, and a
+# failed task's message is hundreds of lines above the summary.
+while IFS=$'\t' read -r name result seconds; do
+  [ "$result" = passed ] && continue
+  echo
+  echo "Why $name failed (its failed tasks and messages; the whole output is above):"
+  sed 's/\x1b\[[0-9;]*m//g' "$WORK/$name.log" \
+    | grep -n -B2 -A30 -E 'fatal: |FAILED! =>|failed: \[|Idempotence test failed' \
+    | head -n 150
+done < "$RESULTS_FILE"
 rm -rf "$WORK"
 exit "$failed"
