@@ -129,6 +129,9 @@ class Pass:
         """Each model's roll: a canary over its error budget rolled back first; draining
         replicas it wants again serve again (they join ``by_model``)."""
         out = {}
+        held_by: dict[str, list[Any]] = {}
+        for rep in held:
+            held_by.setdefault(rep.model, []).append(rep)
         for model in self.models.values():
             reps = by_model.setdefault(model.name, [])
             self._rollback(model, reps, changes)
@@ -139,7 +142,7 @@ class Pass:
             settings = rollout.settings_of(model)
             target = rollout.target(mode, wanted, settings.max_surge, parts)
             missing = target - len(parts.old) - len(parts.new)
-            for rep in self._undrainable(model, held)[: max(0, missing)]:
+            for rep in self._undrainable(model, held_by.get(model.name, []))[: max(0, missing)]:
                 changes.undrains.append(rep.id)
                 changes.events.append(("drain", model.name, f"replica {rep.id} on {rep.node} "
                                        "is wanted again; it serves again"))
@@ -151,13 +154,12 @@ class Pass:
         return out
 
     def _undrainable(self, model: Any, held: list[Any]) -> list[Any]:
-        """Draining replicas of ``model`` that may serve again: stopped for idleness, a
+        """Draining replicas of ``model`` (``held``: its own) that may serve again: stopped for idleness, a
         scale-down or a delete, of the current definition, ready, on nodes heard from
         and not draining; the most recent drain first."""
         if deleted(model):
             return []
-        found = [r for r in held if r.model == model.name
-                 and r.drain_reason in drain.UNDRAINABLE
+        found = [r for r in held if r.drain_reason in drain.UNDRAINABLE
                  and not rollout.is_old(r, model.definition_hash)
                  and r.state == ReplicaState.READY and self.heard(r) and not self.going(r)]
         return sorted(found, key=lambda r: (-r.drain_since, r.id))
@@ -260,25 +262,28 @@ class Pass:
         """Rollouts with no old replica left are done; a deleted model with no replica
         left goes; a draining node with nothing left on it is drained."""
         gone = self.stopped | set(changes.delete_replicas)
-        left = [r for r in self.fleet.replicas if r.desired and r.id not in gone]
+        wanted: dict[str, list[Any]] = {}       # wanted replicas as read, by model
+        for rep in self.fleet.replicas:
+            if rep.desired:
+                wanted.setdefault(rep.model, []).append(rep)
         for name, model in self.models.items():
-            mine = [r for r in left if r.model == name]
             if deleted(model):
-                if not any(r.desired for r in self.fleet.replicas if r.model == name):
+                if not wanted.get(name):
                     changes.delete_models.append(name)
                     changes.events.append(("catalog", name, f"model {name} removed: its "
                                             "last replica stopped"))
                 continue
-            if any(rollout.is_old(r, model.definition_hash) for r in mine):
+            if any(rollout.is_old(r, model.definition_hash) for r in wanted.get(name, [])
+                   if r.id not in gone):
                 continue
             ended = rollout.done(model, self.now)
             if ended is not None:
                 keys, event = ended
                 changes.roll(model, **keys)
                 changes.events.append((rollout.EVENT, name, event))
-        for name in sorted(self.draining_nodes):
-            if not any(name in self.nodes_of(r) for r in self.fleet.replicas if r.desired):
-                changes.nodes_drained.append(name)
-                changes.events.append(("node", name, f"node {name} drained: no replica "
-                                       f"is left on it; it stays cordoned until `llmgw ctl "
-                                       f"nodes uncordon {name}`"))
+        used = set().union(*(self.nodes_of(r) for reps in wanted.values() for r in reps))
+        for name in sorted(self.draining_nodes - used):
+            changes.nodes_drained.append(name)
+            changes.events.append(("node", name, f"node {name} drained: no replica is left "
+                                   f"on it; it stays cordoned until `llmgw ctl nodes "
+                                   f"uncordon {name}`"))
