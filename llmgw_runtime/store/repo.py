@@ -1,5 +1,6 @@
 """Reading and writing the store. Every function takes an open connection (a transaction)
-and does plain SQL through SQLAlchemy Core: the decisions live elsewhere."""
+and does plain SQL through SQLAlchemy Core: the decisions live elsewhere. The leases are
+store/leases.py's (named here too, as every caller knows them)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from ..api.agent import Report
 from ..api.catalog import ModelSpec
 from ..control import drain as drains
 from .db import fleet_changed, generation
+from .leases import holds_lease as holds_lease
+from .leases import lease_holder as lease_holder
+from .leases import release_lease as release_lease
+from .leases import try_lease as try_lease
 from .models import row_to_spec, spec_to_row
-from .schema import events, leases, models, nodes, replica_parts, replicas
+from .schema import events, models, nodes, replica_parts, replicas
 
 # ---------------------------------------------------------------- models
 
@@ -449,48 +453,6 @@ def list_events(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
     rows = conn.execute(sa.select(events).order_by(events.c.id.desc()).limit(limit))
     return [{"id": r.id, "time": r.time, "kind": r.kind, "subject": r.subject,
              "message": r.message} for r in rows]
-
-
-# ---------------------------------------------------------------- leases
-
-
-def try_lease(conn: Connection, name: str, holder: str, now: float, ttl: float) -> bool:
-    """Take or renew the lease ``name`` for ``holder`` if it is free, expired or ours.
-    ``now`` is the database clock. Call inside a transaction."""
-    taken = conn.execute(
-        leases.update()
-        .where(leases.c.name == name)
-        .where(sa.or_(leases.c.holder == holder, leases.c.expires < now))
-        .values(holder=holder, expires=now + ttl)).rowcount
-    if taken:
-        return True
-    try:
-        with conn.begin_nested():
-            conn.execute(leases.insert().values(name=name, holder=holder, expires=now + ttl))
-        return True
-    except IntegrityError:
-        return False
-
-
-def holds_lease(conn: Connection, name: str, holder: str, now: float,
-                lock: bool = False) -> bool:
-    """Whether ``holder`` holds the unexpired lease. ``lock`` keeps the row locked to the
-    end of the transaction (PostgreSQL), so nobody takes it over while we write."""
-    query = sa.select(leases.c.holder, leases.c.expires).where(leases.c.name == name)
-    if lock:
-        query = query.with_for_update()
-    row = conn.execute(query).first()
-    return row is not None and row.holder == holder and row.expires >= now
-
-
-def release_lease(conn: Connection, name: str, holder: str) -> None:
-    conn.execute(leases.delete().where(leases.c.name == name)
-                 .where(leases.c.holder == holder))
-
-
-def lease_holder(conn: Connection, name: str, now: float) -> str | None:
-    row = conn.execute(sa.select(leases).where(leases.c.name == name)).first()
-    return row.holder if row is not None and row.expires >= now else None
 
 
 # ---------------------------------------------------------------- revocation
