@@ -127,12 +127,13 @@ lint-ansible: $(ANSIBLE_STAMP)
 molecule: $(STAMP) ansible-deps llama-cpp
 	PATH="$(abspath $(BIN)):$$PATH" molecule/run-all.sh
 
-bench: $(STAMP) system-deps
+bench: $(STAMP) system-deps runtime-deps
 	$(BIN)/python bench/planner_bench.py
 	$(BIN)/python bench/router_bench.py
 	$(BIN)/python bench/control_bench.py
 	$(BIN)/python bench/status_bench.py
 	$(BIN)/python bench/store_bench.py
+	$(BIN)/python bench/rollout_bench.py
 	$(MAKE) --no-print-directory bench-affinity
 
 # Prefix-affinity routing and slot admission with two real llama.cpp replicas of the demo
