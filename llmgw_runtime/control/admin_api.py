@@ -154,8 +154,8 @@ def nodes() -> Any:
 @require("admin")
 def replicas() -> Any:
     with store().begin() as conn:
-        parts = repo.parts_by_replica(conn)
-        replicas = [Replica.model_validate(repo.replica_to_dict(r, parts.get(r.id)))
+        parts, now = repo.parts_by_replica(conn), now_of(conn)
+        replicas = [Replica.model_validate(repo.replica_to_dict(r, parts.get(r.id), now))
                     for r in repo.list_replicas(conn)]
     return jsonify(ReplicaList(replicas=replicas).to_json())
 

@@ -250,7 +250,7 @@ def replicas() -> Any:
     chunk, pager = paginate(rows)
     shown = []
     for row in chunk:
-        rep = repo.replica_to_dict(row, parts.get(row.id))
+        rep = repo.replica_to_dict(row, parts.get(row.id), now)
         idle = (now - rep["last_used"] if rep["state"] == "ready"
                 and rep["last_used"] is not None else None)
         shown.append({**rep, "where": location(rep), "idle_s": idle,
