@@ -273,8 +273,9 @@ class Outcome:
 
 
 def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int,
-                prompt: str = "hello world", **extra: Any) -> Outcome:
-    """A chat completion through the router with the real openai client; never raises."""
+                prompt: str = "hello world", on_token: Any = None, **extra: Any) -> Outcome:
+    """A chat completion through the router with the real openai client; never raises.
+    ``on_token()`` is called at each streamed chunk with content."""
     start = time.monotonic()
     replica: str | None = None
     tokens = 0
@@ -287,7 +288,10 @@ def one_request(client: openai.OpenAI, model: str, stream: bool, max_tokens: int
             finished = None
             for chunk in raw.parse():
                 for choice in chunk.choices:
-                    tokens += 1 if choice.delta.content else 0
+                    if choice.delta.content:
+                        tokens += 1
+                        if on_token is not None:
+                            on_token()
                     finished = choice.finish_reason or finished
             error = None if finished else f"stream cut after {tokens} chunks"
         else:

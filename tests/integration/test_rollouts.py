@@ -7,6 +7,7 @@ every test counts its failures: a change that drops or cuts one request fails th
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -99,32 +100,14 @@ class Watch:
 def long_stream(c: Cluster, model: str, max_tokens: int, box: list[Outcome],
                 started: threading.Event) -> threading.Thread:
     """One streamed completion of ``max_tokens`` tokens (ignore_eos: exactly that many
-    unless cut) in a thread; ``started`` is set at its first token."""
+    unless cut) in a thread, judged as the request loop judges its streams; ``started`` is
+    set at its first token (and when it ends)."""
 
     def run() -> None:
         client = router_client(c.router_url, timeout=180)
-        begin = time.monotonic()
-        tokens = 0
-        error: str | None = None
-        finished = None
-        replica = None
-        try:
-            raw = client.chat.completions.with_raw_response.create(
-                model=model, messages=[{"role": "user", "content": "Tell me a long story."}],
-                max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True})
-            replica = raw.headers.get("x-llmgw-replica")
-            for chunk in raw.parse():
-                for choice in chunk.choices:
-                    if choice.delta.content:
-                        tokens += 1
-                        started.set()
-                    finished = choice.finish_reason or finished
-            if not finished:
-                error = f"stream cut after {tokens} chunks"
-        except Exception as exc:  # noqa: BLE001 - recorded and asserted on
-            error = f"{type(exc).__name__}: {exc}"
+        box.append(one_request(client, model, True, max_tokens, "Tell me a long story.",
+                               on_token=started.set, extra_body={"ignore_eos": True}))
         started.set()
-        box.append(Outcome(model, True, begin, time.monotonic(), replica, error, tokens))
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -234,7 +217,7 @@ def test_roll_drain_scale_down_idle_stop_and_delete_under_load_drop_nothing(
         box: list[Outcome] = []
         started = threading.Event()
         (story_rep,) = c.live("story")
-        stream = long_stream(c, "story", 150, box, started)
+        stream = long_stream(c, "story", 300, box, started)
         assert started.wait(60), box
         t0 = time.monotonic()
         watch = Watch(c, "story")
@@ -245,7 +228,7 @@ def test_roll_drain_scale_down_idle_stop_and_delete_under_load_drop_nothing(
         timings["delete"] = time.monotonic() - t0
         drained = watch.stop()
         (story_out,) = box
-        assert story_out.error is None and story_out.tokens >= 145, story_out
+        assert story_out.error is None and story_out.tokens >= 290, story_out
         assert story_rep["id"] in drained, drained
         assert drained[story_rep["id"]]["in_flight"] == 1, drained
 
@@ -315,7 +298,7 @@ def test_a_stream_that_outlives_drain_timeout_is_cut_and_counted(
 
     box: list[Outcome] = []
     started = threading.Event()
-    stream = long_stream(c, "story", 1000, box, started)
+    stream = long_stream(c, "story", 900, box, started)       # 7-30 s uncut
     assert started.wait(60), box
     t0 = time.monotonic()
     c.apply(catalog_of(model_entry("story", demo_model_path(), ctx=1024, drain_timeout_s=2,
@@ -323,12 +306,14 @@ def test_a_stream_that_outlives_drain_timeout_is_cut_and_counted(
     stream.join(120)
     cut_after = time.monotonic() - t0
     (out,) = box
-    assert out.error is not None and out.tokens < 1000, out          # it was cut
+    # cut, and the request loop's own check (one_request) says so: it can fail
+    assert out.error is not None and out.tokens < 900, out
+    print(f"cut after {cut_after:.1f} s: {out.error}")
     assert cut_after < 20, cut_after                                 # at the timeout
     wait_until(lambda: not c.replicas("story"), 30, "the replica stopped")
     cut = [e for e in c.events(subject="story") + c.events(subject=rep["id"])
            if "cut" in e["message"]]
-    assert cut and "1 request" in cut[-1]["message"], c.events()
+    assert cut and re.search(r"(?<!\d)1 request", cut[-1]["message"]), c.events()
     assert metric(c.control_url, "llmgw_drain_cut_requests_total", model="story") == 1
 
 
@@ -379,6 +364,7 @@ def test_a_canary_takes_its_share_then_promote_rolls_and_undo_rolls_back(
                 and versions.get("stable", {}).get("requests", 0) >= to_stable)
     status = c.wait_rollout("tiny", "canary", timeout=15, also=counted)
     assert status["versions"]["canary"]["errors"] == 0, status
+    assert status["versions"]["canary"]["first_byte_s"] is not None, status
     print(f"canary: {to_canary} of {CANARY_REQUESTS} requests in {took:.1f} s")
 
     with RequestLoop(c.router_url, "tiny") as loop:
