@@ -129,7 +129,8 @@ def mode_of(row: Any, has_old: bool) -> Mode:
     state = parse_state(getattr(row, "rollout_state", None))
     if state.get("state") == FAILED and state.get("hash") == row.definition_hash:
         return FAILED
-    if settings_of(row).canary_percent and not state.get("promoted"):
+    if (settings_of(row).canary_percent and not state.get("promoted")
+            and not state.get("rolled_back")):
         return CANARY
     return ROLLING
 
@@ -211,11 +212,17 @@ def no_room(mode: str, settings: Rollout, old: int, reason: str) -> str:
 
 def started(row: Any, old_hash: str | None, now: float) -> dict[str, Any]:
     """``rollout_state`` keys of a rollout that starts now (a new definition applied
-    while replicas run the old one)."""
-    canary = settings_of(row).canary_percent > 0
+    while replicas run the old one). Going back to the definition the rollout in progress
+    came from (``ctl rollout undo``, or that definition applied again) is a roll back: it
+    replaces the new replicas, a canary's included, without holding a canary of the old
+    version."""
+    before = parse_state(getattr(row, "rollout_state", None))
+    back = (before.get("state") in (ROLLING, CANARY, FAILED)
+            and before.get("from") == row.definition_hash)
+    canary = settings_of(row).canary_percent > 0 and not back
     return {"state": CANARY if canary else ROLLING, "since": now, "hash": row.definition_hash,
             "from": old_hash, "promoted": None, "error": None, "versions": None,
-            "failed_at": None}
+            "failed_at": None, "rolled_back": True if back else None}
 
 
 def failed(row: Any, rep: Any, message: str, now: float) -> tuple[dict[str, Any], str]:

@@ -243,3 +243,26 @@ def test_replacing_in_place_waits_for_the_old_one_without_calling_it_unplaceable
     changes = decide(fleet([m], [gpu_node("n1", count=1)], [going]), NOW, settings())
     assert not changes.starts and changes.unplaceable["m"] is None
     assert "placement_reason" not in changes.model_updates.get("m", {})
+
+
+def test_going_back_from_a_canary_rolls_back_instead_of_holding_a_canary_of_the_old() -> None:
+    # `ctl rollout undo` (or the old definition applied again) during a 10 % canary: the
+    # old version's replicas are the current ones again, and the canary replica drains.
+    during = rolling(canary=10, definition_hash=OLD,
+                     state={"state": "canary", "hash": NEW, "from": OLD, "since": NOW - 60})
+    assert rollout.started(during, NEW, NOW)["state"] == "rolling"
+    assert rollout.started(during, NEW, NOW)["rolled_back"] is True
+    back = rolling(canary=10, definition_hash=OLD, state=rollout.started(during, NEW, NOW))
+    reps = [old("r-1"), old("r-2", devices="[1]"), new("r-3", devices="[2]")]
+    changes = decide(fleet([back], [gpu_node("n1", count=3)], reps), NOW, settings())
+    assert [(rid, why) for rid, why, _ in changes.drains] == [("r-3", "rollout")]
+    assert not changes.starts
+    [routed] = routes_of([back], {"n1": node()}, [old("r-1", port=4001)], [], NOW,
+                         (5.0, 300.0)).models
+    assert routed.canary_percent == 0
+
+
+def test_a_new_definition_during_a_canary_is_a_canary_again() -> None:
+    during = rolling(canary=10, definition_hash="h2",
+                     state={"state": "canary", "hash": NEW, "from": OLD, "since": NOW - 60})
+    assert rollout.started(during, NEW, NOW)["state"] == "canary"
