@@ -76,6 +76,7 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
     for rep in replicas:
         by_model.setdefault(rep.model, []).append(rep)
     leaving = {n.name for n in nodes if draining_node(n)}
+    current = {m.name: getattr(m, "definition_hash", None) for m in models}
     targets = targets or {}
     model_views = tuple(
         ModelView(spec=row_to_spec(m),
@@ -92,7 +93,9 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
                                          devices=tuple(json.loads(p.devices)))
                                 for p in parts.get(r.id, [])),
                     counts=not is_draining(r) and not (
-                        replica_nodes(r, parts.get(r.id, [])) & leaving))
+                        replica_nodes(r, parts.get(r.id, [])) & leaving),
+                    old=getattr(r, "definition_hash", None) not in (None,
+                                                                    current.get(r.model)))
         for r in replicas)
     views, bad = node_views(nodes)
     if unusable is not None:

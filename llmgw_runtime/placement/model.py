@@ -59,6 +59,9 @@ class ReplicaView:
     # Whether it is one of its model's replicas: False while it drains, or while it leaves
     # a draining node (it still holds its devices, and its model gets a replacement).
     counts: bool = True
+    # It runs an older definition of its model (a rollout replaces it): it counts, but
+    # spreading the new replicas does not avoid its node.
+    old: bool = False
 
 
 @dataclass(frozen=True)

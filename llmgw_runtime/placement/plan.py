@@ -137,7 +137,8 @@ def _place_model(cap: Capacity, spec: ModelSpec, reps: list[ReplicaView], wanted
     on_node: dict[str, int] = {}
     in_fabric: dict[str, int] = {}
     for rep in reps:
-        _count(rep.node, [p.node for p in rep.parts], views, on_node, in_fabric)
+        if not rep.old:     # a rollout replaces it: the new replicas spread among the rest
+            _count(rep.node, [p.node for p in rep.parts], views, on_node, in_fabric)
     placed = len(reps)
     for _ in range(min(wanted, MAX_REPLICAS) - placed):
         req = Request(klass=prof.klass, engine=spec.engine, gpus=prof.gpus, nodes=prof.nodes,

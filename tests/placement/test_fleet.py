@@ -352,3 +352,14 @@ def _states(replicas: tuple[ReplicaView, ...]) -> set[str]:
 def test_fleet_builder_is_deterministic() -> None:
     assert small_fleet() == small_fleet()
     assert _states(as_running(small_fleet(), place(small_fleet())).replicas) == {"ready"}
+
+
+def test_a_rollout_spreads_the_new_replicas_not_around_the_old_ones() -> None:
+    # Rolling two replicas, one per node, one at a time: the first new one went to n1 (and
+    # n1's old one drained); the second must go to n2, where only an old one runs, not
+    # back to n1 as if n2's old replica were staying.
+    nodes = [node("n1", *gpus(4)), node("n2", *gpus(4))]
+    running = (rep("r3", "m", "n1", (1,)),
+               dataclasses.replace(rep("r2", "m", "n2", (0,)), old=True))
+    [start] = place(snap([want(3, strategy="spread")], nodes, running)).starts
+    assert start.node == "n2"
