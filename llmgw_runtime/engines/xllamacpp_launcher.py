@@ -193,8 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import xllamacpp  # noqa: PLC0415 - slow import, only once the arguments are good
 
-    try:
-        server = xllamacpp.Server(common_params(args, xllamacpp))
+    try:    # held until the process leaves: dropping it tears the server down
+        _server = xllamacpp.Server(common_params(args, xllamacpp))
     except RuntimeError as exc:
         print(f"engine failed to start with model {model}: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -210,9 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"llmgw engine ready on {args.host}:{args.port}", file=sys.stderr, flush=True)
     while not stop.wait(1.0):
         pass
-    del server
+    # Leave without the server's teardown: it waits for the requests it serves while
+    # holding the interpreter, so a stream in flight (what a drain's timeout cuts) kept
+    # the process for half a minute, past the agent's stop grace. The kernel closes the
+    # sockets (a client sees its stream cut) and frees the model; nothing is on disk.
     print("llmgw engine stopped", file=sys.stderr, flush=True)
-    return 0
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

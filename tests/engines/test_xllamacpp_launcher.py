@@ -121,3 +121,56 @@ def test_every_flag_is_documented_in_the_cpu_engine_section() -> None:
     for flag in FLAGS:
         for name in flag.names:
             assert f"`{name}" in section, f"{name} is not in docs/operations.md's section"
+
+
+def test_sigterm_with_a_stream_in_flight_leaves_at_once_and_cuts_the_stream(
+        tmp_path: Path) -> None:
+    # A drain's timeout stops an engine that still streams: llama.cpp's teardown waited
+    # for the stream (half a minute) while holding the interpreter, past the agent's grace.
+    import json
+    import signal
+    import threading
+    import time
+    import urllib.request
+
+    from tests.support.procs import free_port
+    from tests.support.tiny_gguf import write_tiny_gguf
+
+    model, port = write_tiny_gguf(tmp_path / "tiny.gguf"), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", LAUNCHER_MODULE, "--model", str(model),
+                             "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "4096"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        while "ready" not in (line := proc.stderr.readline()):
+            assert line, "the engine did not start"
+        lines: list[bytes] = []
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                           "max_tokens": 4000, "ignore_eos": True}).encode()
+
+        def stream() -> None:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    lines.extend(answer)
+            except OSError:
+                pass
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        while len(lines) < 20:
+            time.sleep(0.01)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        left_after = time.monotonic() - sent
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()
+
+    assert left_after < 3, left_after
+    assert proc.returncode == 0
+    assert b"data: [DONE]\n" not in lines          # cut, not finished

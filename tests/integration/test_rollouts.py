@@ -309,9 +309,10 @@ def test_a_stream_that_outlives_drain_timeout_is_cut_and_counted(
     # cut, and the request loop's own check (one_request) says so: it can fail
     assert out.error is not None and out.tokens < 900, out
     print(f"cut after {cut_after:.1f} s: {out.error}")
-    # at the timeout (2 s), plus the agent's 10 s stop grace: llama.cpp stalls a stream
-    # in flight at SIGTERM and exits only when killed; never at the stream's own end
-    assert cut_after < 25, cut_after
+    # at the timeout (2 s), plus the agent hearing of it and the engine's 2 s to stop
+    # (xllamacpp_launcher.STOP_GRACE_S; llama.cpp's own teardown waits for the stream),
+    # never at the stream's own end
+    assert cut_after < 9, cut_after
     wait_until(lambda: not c.replicas("story"), 30, "the replica stopped")
     cut = [e for e in c.events(subject="story") + c.events(subject=rep["id"])
            if "cut" in e["message"]]
