@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .test_rollout_check import request_log
+
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "molecule" / "cluster"
 PLAY = "Verify | drain a node under load with playbooks/maintenance.yml"
@@ -33,20 +35,6 @@ CHECK = "Drain | every request succeeded, and requests were answered while the n
 START, END = 1_700_000_000.0, 1_700_000_040.0          # the maintenance playbook: 40 s
 
 pytestmark = pytest.mark.slow
-
-
-def request_log(path: Path, first: float, last: float,
-                code: dict[tuple[float, float], str | None] | None = None) -> Path:
-    """A request every 0.25 s from ``first`` to ``last``: 200, or ``code`` inside a span
-    (``None``: no request sent then, the loop stalled)."""
-    lines, t = [], first
-    while t <= last:
-        status = next((c for (a, b), c in (code or {}).items() if a <= t < b), "200")
-        if status is not None:
-            lines.append(f"{t:.3f} {status}")
-        t += 0.25
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def counted(log: Path, loop_stopped: float) -> str:
