@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from llmgw_runtime.control.app import create_app
@@ -232,3 +233,39 @@ def test_a_node_problem_shows_in_ctl_nodes_and_the_console(api: Api) -> None:
     assert login.status_code in (302, 303)
     page = api.client.get("/console/nodes").get_data(as_text=True)
     assert "10.0.0.5" in page and "LLMGW_AGENT_NETWORKS" in page
+
+
+@pytest.mark.parametrize("extra", [
+    {"in_flight": {"r-1": -1}},
+    {"in_flight": {"r-1": 1.5}},
+    {"in_flight": {"r-1": "3"}},
+    {"in_flight": {"r-1": 10**30}},
+    {"in_flight": {"../x": 1}},
+    {"in_flight": {"r-1": {"n": 1}}},
+    {"in_flight": [1, 2]},
+    {"worker": "\x1b[2J"},
+    {"worker": "w" * 500},
+    {"worker": 7},
+    {"versions": {"m": {"stable": {"requests": -1}}}},
+    {"versions": {"m": {"canary": {"first_byte_s": "Infinity"}}}},
+    {"versions": {"m": {"canary": {"tokens": 10**30}}}},
+    {"versions": {"m": {"beta": {"requests": 1}}}},
+    {"versions": {"m": {"canary": {"requests": 1, "extra": 1}}}},
+    {"versions": {"has space": {"canary": {"requests": 1}}}},
+])
+def test_hostile_in_flight_worker_and_version_counts_are_a_400(api: Api,
+                                                              extra: dict[str, object]) -> None:
+    resp = api.call("POST", "/api/v1/idle", ROUTER,
+                    json={"replicas": {}, "router": "rt-1", **extra})
+    assert resp.status_code == 400, (extra, resp.get_data()[:300])
+    assert resp.json["error"]["message"]
+    assert api.call("POST", "/api/v1/idle", ROUTER,
+                    json={"replicas": {}, "router": "rt-1", "worker": "w-1",
+                          "in_flight": {"r-1": 2}}).status_code == 204
+
+
+def test_a_non_finite_first_byte_sum_is_a_400(api: Api) -> None:
+    raw = (b'{"replicas": {}, "versions": {"m": {"canary": {"requests": 1, '
+           b'"first_byte_s": NaN}}}}')
+    resp = api.call("POST", "/api/v1/idle", ROUTER, data=raw, content_type="application/json")
+    assert resp.status_code == 400
