@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,9 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import yaml
 
-from .test_rollout_check import request_log
+from .test_rollout_check import count_requests, request_log, run_check
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "molecule" / "cluster"
@@ -38,32 +36,14 @@ pytestmark = pytest.mark.slow
 
 
 def counted(log: Path, loop_stopped: float) -> str:
-    times = {"rollout": [START, END], "what": "maintenance", "loop_stopped": loop_stopped,
-             "agents": []}
-    done = subprocess.run([sys.executable, str(SCENARIO / "files" / "rollout_requests.py"),
-                           str(log), json.dumps(times)],
-                          capture_output=True, text=True, check=True, timeout=30)
-    return done.stdout
+    return count_requests(log, {"rollout": [START, END], "what": "maintenance",
+                                "loop_stopped": loop_stopped, "agents": []})
 
 
 def judge(tmp_path: Path, stdout: str) -> subprocess.CompletedProcess[str]:
     """verify.yml's drain check (and its play's vars) on ``counted.stdout``."""
-    [play] = [p for p in yaml.safe_load((SCENARIO / "verify.yml").read_text())
-              if p.get("name") == PLAY]
-    [task] = [t for t in play["tasks"] if t.get("name") == CHECK]
-    playbook = tmp_path / "check.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "name": "drain check", "hosts": "localhost", "gather_facts": False,
-        "vars": {**play["vars"], "drain_start": START, "drain_end": END,
-                 "counted": {"stdout": stdout}},
-        "tasks": [task]}]))
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
-    return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i",
-                           str(inventory), str(playbook)], capture_output=True, text=True,
-                          timeout=120, env={"PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1",
-                                            "HOME": str(tmp_path)})
+    return run_check(tmp_path, lambda p: p.get("name") == PLAY, CHECK,
+                     {"drain_start": START, "drain_end": END, "counted": {"stdout": stdout}})
 
 
 def test_a_drain_answered_throughout_passes_and_reports_the_counts(tmp_path: Path) -> None:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -53,35 +55,49 @@ def request_log(path: Path, first: float, last: float,
     return path
 
 
-def counted(log: Path, stops: dict[str, float], loop_stopped: float) -> str:
-    times = {"rollout": [START, END], "loop_stopped": loop_stopped,
-             "agents": [[name, show(t)] for name, t in stops.items()]}
+def count_requests(log: Path, times: dict[str, Any]) -> str:
+    """molecule/cluster/files/rollout_requests.py on ``log`` and ``times``: its JSON."""
     done = subprocess.run([sys.executable, str(SCENARIO / "files" / "rollout_requests.py"),
                            str(log), json.dumps(times)],
                           capture_output=True, text=True, check=True, timeout=30)
     return done.stdout
 
 
-def judge(tmp_path: Path, stdout: str) -> subprocess.CompletedProcess[str]:
-    """verify.yml's assert task (and its play's vars) on ``counted.stdout``."""
+def run_check(tmp_path: Path, play_named: Callable[[dict[str, Any]], bool], check: str,
+              variables: dict[str, Any], agents: tuple[str, ...] = ()
+              ) -> subprocess.CompletedProcess[str]:
+    """The task ``check`` of verify.yml's play that ``play_named`` picks, with that play's
+    vars and ``variables``, run by ansible-playbook on this machine (``agents``: the
+    llmgw_agents hosts its inventory lists)."""
     [play] = [p for p in yaml.safe_load((SCENARIO / "verify.yml").read_text())
-              if any(t.get("name") == CHECK for t in p["tasks"])]
-    [task] = [t for t in play["tasks"] if t.get("name") == CHECK]
+              if play_named(p)]
+    [task] = [t for t in play["tasks"] if t.get("name") == check]
     playbook = tmp_path / "check.yml"
     playbook.write_text(yaml.safe_dump([{
-        "name": "rollout check", "hosts": "localhost", "gather_facts": False,
-        "vars": {**play["vars"], "rollout_start": START, "rollout_end": END,
-                 "counted": {"stdout": stdout}},
-        "tasks": [task]}]))
+        "name": "check", "hosts": "localhost", "gather_facts": False,
+        "vars": {**play["vars"], **variables}, "tasks": [task]}]))
     inventory = tmp_path / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {
-        "hosts": {"localhost": {"ansible_connection": "local",
-                                "ansible_python_interpreter": sys.executable}},
-        "children": {"llmgw_agents": {"hosts": {"gpu1": {}, "gpu2": {}}}}}}))
+    hosts: dict[str, Any] = {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}
+    if agents:
+        hosts["children"] = {"llmgw_agents": {"hosts": dict.fromkeys(agents, {})}}
+    inventory.write_text(yaml.safe_dump({"all": hosts}))
     return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i",
                            str(inventory), str(playbook)], capture_output=True, text=True,
                           timeout=120, env={"PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1",
                                             "HOME": str(tmp_path)})
+
+
+def counted(log: Path, stops: dict[str, float], loop_stopped: float) -> str:
+    return count_requests(log, {"rollout": [START, END], "loop_stopped": loop_stopped,
+                                "agents": [[name, show(t)] for name, t in stops.items()]})
+
+
+def judge(tmp_path: Path, stdout: str) -> subprocess.CompletedProcess[str]:
+    """verify.yml's assert task (and its play's vars) on ``counted.stdout``."""
+    return run_check(tmp_path, lambda p: any(t.get("name") == CHECK for t in p["tasks"]),
+                     CHECK, {"rollout_start": START, "rollout_end": END,
+                             "counted": {"stdout": stdout}}, agents=("gpu1", "gpu2"))
 
 
 def test_a_rollout_answered_throughout_passes_and_reports_the_counts(tmp_path: Path) -> None:
