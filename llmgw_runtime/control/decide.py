@@ -20,7 +20,7 @@ from typing import Any
 from ..api.states import ReplicaState
 from ..placement import place
 from ..store.models import row_to_spec
-from . import autoscale, rollout, snapshot, steps
+from . import autoscale, drain, rollout, snapshot, steps
 from .drain import SETTLE_S, STALE_S
 from .states import PARK_AFTER, backoff_s, idle_expired
 
@@ -169,7 +169,7 @@ def decide(fleet: Fleet, now: float, settings: Settings) -> Changes:
             if not pass_.heard_node(rep.node):
                 changes.delete_replicas.append(rep.id)       # nobody is left to stop it
             continue
-        if steps.draining(rep):
+        if drain.is_draining(rep):
             held.append(rep)
             continue
         message = failure_of(rep, fleet.parts.get(rep.id, []), now, settings.start_timeout_s)
@@ -293,7 +293,7 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
 def _reasons(models: dict[str, Any], live: list[Any], plan: Any, now: float,
              changes: Changes) -> None:
     """Every model's placement reason, written and told when it changes."""
-    placed = _placed([r for r in live if not steps.draining(r)], plan)
+    placed = _placed([r for r in live if not drain.is_draining(r)], plan)
     for model in models.values():
         reason = _scale_unplaceable(model, placed.get(model.name, 0),
                                     plan.unplaceable.get(model.name), now, changes)

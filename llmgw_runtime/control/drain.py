@@ -165,7 +165,3 @@ def draining_node(row: Any) -> bool:
 def replica_nodes(rep: Any, parts: list[Any]) -> set[str]:
     return {rep.node, *(p.node for p in parts)}
 
-
-def leaving(rep: Any, parts: list[Any], draining_nodes: set[str]) -> bool:
-    """The replica runs (its head or a part) on a node being drained."""
-    return bool(draining_nodes) and bool(replica_nodes(rep, parts) & draining_nodes)

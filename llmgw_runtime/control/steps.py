@@ -25,10 +25,6 @@ from . import drain, rollout
 from .states import wanted_replicas
 
 
-def draining(rep: Any) -> bool:
-    return drain.is_draining(rep)
-
-
 def deleted(model: Any) -> bool:
     """Deleted from the catalog; its replicas drain, then the row goes."""
     return getattr(model, "deleted_at", None) is not None
@@ -75,7 +71,7 @@ class Pass:
         for rep in fleet.replicas:
             model = models.get(rep.model)
             if model is not None and rep.desired and rep.state != ReplicaState.FAILED \
-                    and not draining(rep) and rollout.is_old(rep, model.definition_hash):
+                    and not drain.is_draining(rep) and rollout.is_old(rep, model.definition_hash):
                 old[rep.model] = True
         self.old_serving = old
 
