@@ -14,6 +14,8 @@ from typing import Any
 from ..api.agent import Assignment, DeviceReport
 from ..fleetvocab import CPU_CLASS
 from ..store import repo
+from ..store.models import row_to_spec
+from .rollout import launch_fields
 
 PART_SEP = ".w"
 
@@ -37,10 +39,7 @@ def _base(replica_id: str, replica: Any, model: Any, ids: list[int],
     """The launch of a replica (or part): the definition it was placed with
     (``replicas.launch``, so an old one keeps its own through a rollout and an agent
     restart), else its model's current one."""
-    launch = _launch(replica) or {
-        "engine": model.engine, "source": model.source, "sha256": model.sha256,
-        "size_bytes": model.size_bytes, "args": json.loads(model.args),
-        "profile": json.loads(model.profile), "slots": model.slots}
+    launch = _launch(replica) or json.loads(launch_fields(row_to_spec(model)))
     profile = launch.get("profile") or {}
     out = {"replica_id": replica_id, "model": model.name, "engine": launch["engine"],
            "source": launch["source"], "sha256": launch.get("sha256"),
