@@ -38,6 +38,9 @@ FLOORS: list[tuple[str, tuple[str, ...], str]] = [
      "the messages sit below both sides of every conversation"),
     ("catalog", ("control", "router", "cli", "store"),
      "the catalog is read by the control service, the router and ctl alike"),
+    ("store", ("control", "router", "cli", "status"),
+     "the store only stores: what is derived from its rows (a replica's drain, a node's) "
+     "is the control service's"),
 ]
 
 

@@ -146,7 +146,7 @@ def retry(name: str) -> Any:
 @require("admin")
 def nodes() -> Any:
     with store().begin() as conn:
-        nodes = [Node.model_validate(repo.node_to_dict(n)) for n in repo.list_nodes(conn)]
+        nodes = [Node.model_validate(fleet.node_view(n)) for n in repo.list_nodes(conn)]
     return jsonify(NodeList(nodes=nodes).to_json())
 
 
@@ -155,7 +155,7 @@ def nodes() -> Any:
 def replicas() -> Any:
     with store().begin() as conn:
         parts, now = repo.parts_by_replica(conn), now_of(conn)
-        replicas = [Replica.model_validate(repo.replica_to_dict(r, parts.get(r.id), now))
+        replicas = [Replica.model_validate(fleet.replica_view(r, parts.get(r.id), now))
                     for r in repo.list_replicas(conn)]
     return jsonify(ReplicaList(replicas=replicas).to_json())
 

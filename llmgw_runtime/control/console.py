@@ -202,7 +202,7 @@ def nodes() -> Any:
     chunk, pager = paginate(rows)
     shown = []
     for row in chunk:          # decode only this page's nodes: 200 of 2,000
-        node = repo.node_to_dict(row)
+        node = fleet.node_view(row)
         hardware = node.get("hardware") or {}
         shown.append({
             **node, "alive": node_alive(node, now, config.node_timeout_s),
@@ -250,7 +250,7 @@ def replicas() -> Any:
     chunk, pager = paginate(rows)
     shown = []
     for row in chunk:
-        rep = repo.replica_to_dict(row, parts.get(row.id), now)
+        rep = fleet.replica_view(row, parts.get(row.id), now)
         idle = (now - rep["last_used"] if rep["state"] == "ready"
                 and rep["last_used"] is not None else None)
         shown.append({**rep, "where": location(rep), "idle_s": idle,

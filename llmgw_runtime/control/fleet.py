@@ -44,6 +44,21 @@ from .states import model_state, start_streak
 log = logging.getLogger(__name__)
 
 
+def replica_view(row: Any, parts: list[Any] | None = None,
+                 now: float | None = None) -> dict[str, Any]:
+    """A replica as the admin API, the console and the summary show it: its row, its drain
+    (``now``, the store's clock, says how long it has left: drain.view) and whether it
+    runs its model's current definition (``model_hash``: repo.list_replicas joins it)."""
+    return {**repo.replica_to_dict(row, parts), "draining": drain.view(row, now),
+            "current": not rollout.is_old(row, getattr(row, "model_hash", None))}
+
+
+def node_view(row: Any) -> dict[str, Any]:
+    """A node as the admin API, the console and the summary show it: its row, and whether
+    its replicas are moving elsewhere (a drain not done yet)."""
+    return {**repo.node_to_dict(row), "draining": drain.draining_node(row)}
+
+
 def read(conn: Connection) -> Fleet:
     """The fleet as the store holds it, read in one transaction (deleted models whose
     replicas still drain too)."""
@@ -132,9 +147,9 @@ def summary(conn: Connection, now: float, settings: Settings, *, idle_after_s: f
             store: dict[str, Any]) -> dict[str, Any]:
     """The fleet summary every status view renders, from one read of the store."""
     models = models_view(conn, now)
-    nodes = [repo.node_to_dict(n) for n in repo.list_nodes(conn)]
+    nodes = [node_view(n) for n in repo.list_nodes(conn)]
     parts = repo.parts_by_replica(conn)
-    replicas = [repo.replica_to_dict(r, parts.get(r.id), now)
+    replicas = [replica_view(r, parts.get(r.id), now)
                 for r in repo.list_replicas(conn)]
     return status_summary.build(models, nodes, replicas, now, settings.node_timeout_s,
                                 idle_after_s=idle_after_s, store=store)
@@ -145,8 +160,8 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> admin.Plan:
     fleet = read(conn)
     live = [r for r in fleet.replicas if r.desired and r.state != "failed"]
     result = place(dry_snapshot(fleet, now, settings))
-    node_dicts = [repo.node_to_dict(n) for n in fleet.nodes.values()]
-    replica_dicts = [repo.replica_to_dict(r, fleet.parts.get(r.id), now) for r in live]
+    node_dicts = [node_view(n) for n in fleet.nodes.values()]
+    replica_dicts = [replica_view(r, fleet.parts.get(r.id), now) for r in live]
     by_id = {r.id: r for r in live}
     used = status_summary.used_devices(replica_dicts)
     listed = [repo.model_to_dict(m) for m in fleet.models.values()

@@ -13,7 +13,6 @@ from sqlalchemy.engine import Connection
 
 from ..api.agent import Report
 from ..api.catalog import ModelSpec
-from ..control import drain as drains
 from .db import fleet_changed, generation
 from .leases import holds_lease as holds_lease
 from .leases import lease_holder as lease_holder
@@ -179,8 +178,7 @@ def node_to_dict(row: Any) -> dict[str, Any]:
             "devices": json.loads(row.devices), "engines": json.loads(row.engines),
             "weights": json.loads(row.weights), "hardware": json.loads(row.hardware),
             "problem": row.problem or row.plan_problem,
-            "cordoned": bool(getattr(row, "cordoned", 0)),
-            "draining": drains.draining_node(row)}
+            "cordoned": bool(getattr(row, "cordoned", 0))}
 
 
 def set_node_drain(conn: Connection, name: str, cordoned: bool,
@@ -310,26 +308,17 @@ def model_sources(conn: Connection) -> list[str]:
 # ---------------------------------------------------------------- replicas
 
 
-def replica_to_dict(row: Any, parts: list[Any] | None = None,
-                    now: float | None = None) -> dict[str, Any]:
-    """A replica as the admin API shows it; ``now`` (the store's clock) says how long a
-    draining one has left (without it: its whole drain timeout)."""
+def replica_to_dict(row: Any, parts: list[Any] | None = None) -> dict[str, Any]:
+    """A replica's row as plain values (control/fleet.py ``replica_view`` adds what is
+    derived from it: its drain and whether it runs the current definition)."""
     out = {"id": row.id, "model": row.model, "node": row.node,
            "devices": json.loads(row.devices), "port": row.port, "pid": row.pid,
            "state": row.state, "desired": bool(row.desired), "started": row.started,
            "updated": row.updated, "last_used": row.last_used, "last_error": row.last_error,
            "rendezvous_port": row.rendezvous_port,
-           "progress": json.loads(row.progress) if row.progress else None,
-           "draining": drains.view(row, now),
-           "current": _current(row)}
+           "progress": json.loads(row.progress) if row.progress else None}
     out["parts"] = [part_to_dict(p) for p in parts or []]
     return out
-
-
-def _current(row: Any) -> bool:
-    """It runs its model's current definition (``model_hash``: list_replicas joins it)."""
-    mine, model_hash = getattr(row, "definition_hash", None), getattr(row, "model_hash", None)
-    return mine is None or model_hash is None or mine == model_hash
 
 
 def part_to_dict(row: Any) -> dict[str, Any]:

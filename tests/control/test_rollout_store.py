@@ -101,7 +101,7 @@ def test_a_new_definition_rolls_with_no_request_without_a_replica(api: Api) -> N
     api.reconciler.run_cycle()
     with api.store.begin() as conn:
         [row] = [r for r in repo.list_replicas(conn) if r.id == old]
-        shown = repo.replica_to_dict(row, [], api.store.now(conn))
+        shown = fleet.replica_view(row, [], api.store.now(conn))
     assert row.desired and shown["draining"]["in_flight"] == 1 and not shown["current"]
     idle(api, {})                                    # its last request finished
     api.reconciler.run_cycle()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from llmgw_runtime.catalog import parse as catalog
-from llmgw_runtime.control import drain
+from llmgw_runtime.control import drain, fleet
 from llmgw_runtime.store import Store, repo
 
 CAT = """models:
@@ -30,8 +30,8 @@ def test_a_replica_keeps_its_definition_and_shows_whether_it_is_current(store: S
         row = repo.get_replica(conn, "r-1")
         [listed] = repo.list_replicas(conn)
     assert row.definition_hash == "old" and json.loads(row.launch)["source"] == "/a.gguf"
-    assert repo.replica_to_dict(listed)["current"] is False
-    assert repo.replica_to_dict(listed)["draining"] is None
+    assert fleet.replica_view(listed)["current"] is False
+    assert fleet.replica_view(listed)["draining"] is None
 
 
 def test_a_draining_replica_shows_why_what_is_in_flight_and_what_time_is_left(
@@ -43,7 +43,7 @@ def test_a_draining_replica_shows_why_what_is_in_flight_and_what_time_is_left(
         repo.update_replica(conn, "r-1", in_flight=drain.record_in_flight(None, "r/1", 2,
                                                                           12.0))
         [row] = repo.draining_replicas(conn, lock=True)
-    assert repo.replica_to_dict(row, now=20.0)["draining"] == {
+    assert fleet.replica_view(row, now=20.0)["draining"] == {
         "reason": "idle stop", "in_flight": 2, "left_s": 20.0, "since": 10.0}
 
 
@@ -77,10 +77,10 @@ def test_a_nodes_cordon_and_drain_are_stored_and_shown(store: Store) -> None:
     with store.begin() as conn:
         assert repo.set_node_drain(conn, "n1", True, {"since": 5.0, "total": 2})
         assert not repo.set_node_drain(conn, "nope", True, None)
-        shown = repo.node_to_dict(repo.get_node(conn, "n1"))
+        shown = fleet.node_view(repo.get_node(conn, "n1"))
         assert (shown["cordoned"], shown["draining"]) == (True, True)
         repo.set_node_drain(conn, "n1", True, {"since": 5.0, "total": 2, "done": 9.0})
-        shown = repo.node_to_dict(repo.get_node(conn, "n1"))
+        shown = fleet.node_view(repo.get_node(conn, "n1"))
         assert (shown["cordoned"], shown["draining"]) == (True, False)
 
 
