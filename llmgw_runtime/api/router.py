@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field
 from ..catalog.bounds import MAX_QUEUE_PER_MODEL as MAX_QUEUE
 from ..catalog.bounds import MAX_SLOTS_PER_REPLICA as MAX_SLOTS
 from ..catalog.bounds import MAX_WAIT_S
-from .catalog import Engine, RouteFields
+from .catalog import Engine, Rollout, RouteFields, bounds
 from .fields import (
     MAX_LIST,
     Answer,
@@ -71,7 +71,8 @@ class RouteModel(RouteFields):
     draining: tuple[Id, ...] = Field(default=(), max_length=MAX_LIST, strict=False)
     # The share of requests (percent) sent to the endpoints marked ``canary`` while a
     # canary rollout holds; 0: no canary, every endpoint alike.
-    canary_percent: Annotated[int, Field(strict=True, ge=0, le=99)] = 0
+    canary_percent: Annotated[int, Field(strict=True, ge=0,
+                                         le=bounds("canary_percent", Rollout)["le"])] = 0
 
 
 class KeyLimits(Answer):

@@ -19,12 +19,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..api.catalog import default
 from ..api.states import ReplicaState
 
 SETTLE_S = 3.0           # routers refresh routes every 1 s and post every 1 s
 STALE_S = 10.0           # a router worker not heard from for this long no longer counts
 KEEP_S = 60.0            # entries older than this are dropped from the row
-DEFAULT_TIMEOUT_S = 120.0   # the catalog's default drain_timeout_s (model row gone)
+DEFAULT_TIMEOUT_S = float(default("drain_timeout_s"))   # the catalog's (model row gone)
 
 # Why a replica drains (replicas.drain_reason): the words ``ctl replicas`` shows.
 IDLE = "idle stop"
