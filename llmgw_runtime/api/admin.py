@@ -68,6 +68,9 @@ class KeyCreated(Answer):
     expires_at: Finite | None = None
     rpm: Rpm | None = None
     tpm: Tpm | None = None
+    # Set when a router heard from lately serves requests without any key, so this key's
+    # limits and scope bind only clients that send it; says how to require keys.
+    note: Text | None = None
 
 
 class KeyUpdate(Message):

@@ -171,6 +171,10 @@ class IdleMap(Message):
     in_flight: dict[Id, SmallCount] = Field(default_factory=dict, max_length=MAX_LIST * 4)
     # Canary rollouts: each model's requests by version since this worker's last post.
     versions: dict[Name, ModelVersions] = Field(default_factory=dict, max_length=MAX_LIST)
+    # True: this router serves requests that carry no API key (started with
+    # --no-require-api-key, as `llmgw up` does unless --require-api-key); a key that is
+    # sent is still checked. The control service says so when a key is created.
+    keys_optional: Bool = False
 
 
 class Unreachable(Message):
