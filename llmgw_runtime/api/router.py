@@ -14,6 +14,7 @@ from .fields import (
     MAX_LIST,
     Answer,
     Bool,
+    Count,
     Id,
     Message,
     Name,
@@ -35,6 +36,14 @@ MAX_RPM = 1_000_000
 MAX_TPM = 10_000_000_000
 Rpm = Annotated[int, Field(strict=True, ge=1, le=MAX_RPM)]
 Tpm = Annotated[int, Field(strict=True, ge=1, le=MAX_TPM)]
+# One line of an engine's error in the routes table (a model's reason and last_error) and
+# in the router's refusals: the telling line of its log (status/telling.py), at most this
+# many characters. The full text stays in `llmgw ctl status -o json` and the engine's log.
+ERROR_LINE = 300
+# A router that serves requests without a key (IdleMap.keys_optional) posts its idle map
+# at least this often, with nothing else to say too, so the control service keeps
+# hearing it.
+KEYS_OPTIONAL_POST_S = 30.0
 
 
 class Endpoint(Answer):
@@ -73,6 +82,9 @@ class RouteModel(RouteFields):
     # canary rollout holds; 0: no canary, every endpoint alike.
     canary_percent: Annotated[int, Field(strict=True, ge=0,
                                          le=bounds("canary_percent", Rollout)["le"])] = 0
+    # When the model was first applied (Unix seconds, the store's clock): every router
+    # answers it as ``created`` in GET /v1/models. None: a control service older than it.
+    created: Count | None = None
 
 
 class KeyLimits(Answer):
@@ -215,7 +227,8 @@ class ProxyRequest(Message):
 class ModelEntry(Answer):
     id: Name
     object: Literal["model"]
-    created: Annotated[int, Field(ge=0, description="when this router first saw the model")]
+    created: Annotated[int, Field(ge=0, description="when the model was first applied to "
+                                  "the catalog (Unix seconds), the same on every router")]
     owned_by: Literal["llmgw"]
 
 
