@@ -11,6 +11,12 @@ dropped first. The state lives in one process (each gunicorn worker keeps its ow
 W workers an address gets up to W times the free failures before every worker refuses it.
 The address is the TCP peer (``request.remote_addr``): X-Forwarded-For is not trusted, so
 behind a proxy or NAT every client of that address shares one count.
+
+The control service counts per address *and kind of token presented* (:func:`key`: the
+kind its prefix names, ``llmgw-admin-`` ..., or ``other``), so wrong admin tokens refuse
+further admin tokens from that address, the right one included (else a guess that is
+right would be told at full speed), while the routers and agents on the same address go
+on with their own credentials (docs/security.md).
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import LlmgwError
+from .security import PREFIXES
+
+OTHER = "other"                 # a token without one of llmgw's prefixes
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,19 @@ class Throttle:
         if address in self._entries:
             with self._lock:
                 self._entries.pop(address, None)
+
+
+def kind_of(token: str) -> str:
+    """The kind of token ``token`` says it is by its prefix (admin, join, router, node,
+    api_key), or ``other`` (an operator-chosen token without a prefix)."""
+    return next((kind for kind, prefix in PREFIXES.items() if token.startswith(prefix)),
+                OTHER)
+
+
+def key(address: str, token: str) -> str:
+    """What the control service counts failures by: the address and the presented token's
+    kind, so failures of one kind never refuse a credential of another."""
+    return f"{address} {kind_of(token)}"
 
 
 def retry_after(wait_s: float) -> str:

@@ -158,15 +158,20 @@ def address() -> str:
     return request.remote_addr or "-"
 
 
+def _counted() -> str:
+    """The throttle's key of this login: its address and the kind of token typed in."""
+    return throttle.key(address(), request.form.get("token", ""))
+
+
 def login_wait() -> float:
     """Seconds this address must wait before it may try to log in again (0: now). The
     console shares the bearer-token check's throttle: both guess admin tokens."""
-    return throttle.of(current_app.extensions).wait_s(address(), clock())
+    return throttle.of(current_app.extensions).wait_s(_counted(), clock())
 
 
 def login_failed() -> float:
     """Count a failed login from this address; the refusal it earns now (0: none)."""
-    refused_s = throttle.of(current_app.extensions).failed(address(), clock())
+    refused_s = throttle.of(current_app.extensions).failed(_counted(), clock())
     if refused_s:
         log.warning("repeated failed console logins from %s; refusing it for %.0f s",
                     address(), refused_s)
@@ -174,7 +179,7 @@ def login_failed() -> float:
 
 
 def login_succeeded() -> None:
-    throttle.of(current_app.extensions).succeeded(address())
+    throttle.of(current_app.extensions).succeeded(_counted())
 
 
 def end_session(resp: Response) -> Response:

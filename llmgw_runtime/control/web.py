@@ -106,14 +106,17 @@ def require(*kinds: str, in_transaction: bool = False) -> Callable[[F], F]:
 
 def _presented(kinds: tuple[str, ...]) -> str:
     """The request's bearer token (kept as ``g.token``, its hash as ``g.token_hash``), unless
-    its address is refused for repeated wrong tokens (throttle.py; per worker process, by TCP peer address:
-    before any check)."""
+    its address is refused for repeated wrong tokens of this token's kind (throttle.py; per
+    worker process, by TCP peer address and the token's prefix: before any check)."""
     from flask import after_this_request
 
-    from ..throttle import TooManyFailures, of, retry_after
+    from ..throttle import TooManyFailures, key, of, retry_after
 
-    guesses, address = of(current_app.extensions), request.remote_addr or "-"
-    wait = guesses.wait_s(address, clock())
+    token = bearer(request.headers.get("Authorization"))
+    if token is None:
+        raise AuthError("this API needs 'Authorization: Bearer <token>'; "
+                        f"use {_either(kinds)} token")
+    wait = of(current_app.extensions).wait_s(key(request.remote_addr or "-", token), clock())
     if wait > 0:
         def retry_header(resp: Any) -> Any:
             resp.headers["Retry-After"] = retry_after(wait)
@@ -121,10 +124,6 @@ def _presented(kinds: tuple[str, ...]) -> str:
 
         after_this_request(retry_header)
         raise TooManyFailures(wait)
-    token = bearer(request.headers.get("Authorization"))
-    if token is None:
-        raise AuthError("this API needs 'Authorization: Bearer <token>'; "
-                        f"use {_either(kinds)} token")
     g.required, g.token, g.token_hash = kinds, token, hash_token(token)
     return token
 
@@ -139,7 +138,7 @@ def authenticate(conn: Any) -> None:
     lookup, node credentials say what they are (llmgw-node-...). Sets ``g.principal_kind``,
     ``g.principal`` and, for a node, ``g.node_row`` (the node as stored before this request:
     ``repo.node_by_credential``)."""
-    from ..throttle import of
+    from ..throttle import key, of
 
     kinds: tuple[str, ...] = g.required
     token_hash: str = g.token_hash
@@ -150,13 +149,14 @@ def authenticate(conn: Any) -> None:
         account = accounts.account_by_hash(conn, token_hash)
     kind = account.kind if account else ("node" if node else None)
     guesses, address = of(current_app.extensions), request.remote_addr or "-"
+    counted = key(address, g.token)
     if kind is None:
-        refused_s = guesses.failed(address, clock())
+        refused_s = guesses.failed(counted, clock())
         if refused_s:
             current_app.logger.warning(
                 "repeated wrong tokens from %s; refusing it for %.0f s", address, refused_s)
         raise AuthError("the token matches no account; check it, or get a new one")
-    guesses.succeeded(address)
+    guesses.succeeded(counted)
     if kind not in kinds:
         raise ForbiddenError(f"a {kind} token cannot call this API; use {_either(kinds)} token")
     g.principal_kind = kind

@@ -7,7 +7,7 @@ import pytest
 
 from llmgw_runtime.throttle import Policy, Throttle, retry_after
 
-from .conftest import ADMIN, Api
+from .conftest import ADMIN, JOIN, ROUTER, Api
 
 P = Policy(free=3, first_delay_s=2.0, max_delay_s=10.0, window_s=100.0, max_addresses=4)
 A, B = "10.0.0.1", "10.0.0.2"
@@ -115,3 +115,23 @@ def test_console_login_is_throttled_with_retry_after(api: Api) -> None:
     assert "Set-Cookie" not in refused.headers
     # the same address's API calls wait too: both guess admin tokens
     assert api.call("GET", "/api/v1/models").status_code == 429
+
+
+def test_wrong_admin_tokens_do_not_lock_out_routers_and_agents_of_that_address(
+        api: Api) -> None:
+    """Issue 28: failures are counted per address and kind of token. Many wrong admin
+    tokens from 127.0.0.1 hold up admin tokens from there (the right one too: else a
+    right guess would be told at full speed), not the router's token, the join token or a
+    node's credential on the same address."""
+    cred = api.join("n1")
+    for _ in range(15):
+        assert api.call("GET", "/api/v1/models", "llmgw-admin-guess").status_code in (401, 429)
+    assert api.call("GET", "/api/v1/models").status_code == 429
+    assert api.call("GET", "/api/v1/routes", ROUTER).status_code == 200
+    assert api.report(cred).status_code == 200
+    assert api.call("POST", "/api/v1/agent/join", JOIN, json={"node": "n2"}).status_code == 200
+    # a router token's guesses are their own count: the router's right token then waits
+    for _ in range(12):
+        api.call("GET", "/api/v1/routes", "llmgw-router-guess")
+    assert api.call("GET", "/api/v1/routes", ROUTER).status_code == 429
+    assert api.report(cred).status_code == 200
