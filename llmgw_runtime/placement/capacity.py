@@ -123,6 +123,10 @@ class Choice:
     in_fabric: int = 0      # other replicas of the model in the fabric (spread)
     parts: tuple[tuple[str, tuple[int, ...]], ...] = ()
     holders: int = 0        # multi-node: chosen nodes that hold the weights
+    # A shared request (the CPU, or memory_gb): the memory (GB) left on its fullest chosen
+    # device after it, and the replicas already there; None for devices taken whole.
+    free_gb: float | None = None
+    sharing: int = 0
 
 
 @dataclass
@@ -324,10 +328,15 @@ class Capacity:
                 on_node: dict[str, int], in_fabric: dict[str, int]) -> Choice:
         mine = on_node.get(node.name, 0)
         fab = mine if node.fabric is None else in_fabric.get(node.fabric, 0)
+        chosen = [d for d in node.by_class.get(req.klass, ()) if d.id in fit.devices]
+        free_gb = None
+        if req.shareable and chosen:
+            free_gb = min(d.free_gb for d in chosen) - (req.memory_gb or 0.0)
         return Choice(node=node.name, devices=fit.devices, fabric=node.fabric,
                       holds=self.holds(node, req.source), whole=node.whole,
                       takes_free=fit.takes_free, left=node.free(req.klass) - fit.takes_free,
-                      on_node=mine, in_fabric=fab)
+                      on_node=mine, in_fabric=fab, free_gb=free_gb,
+                      sharing=max((d.users for d in chosen), default=0))
 
     @staticmethod
     def _key(c: Choice, rank: int, spread: bool) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ import math
 
 from ..api.catalog import ModelSpec, is_mig_class
 from ..catalog.bounds import MAX_REPLICAS
-from ..fleetvocab import ACTIVE, MAX_REPLICAS_PER_SHARED_DEVICE
+from ..fleetvocab import ACTIVE, CPU_CLASS, MAX_REPLICAS_PER_SHARED_DEVICE
 from .capacity import Capacity, Choice, NodeState, Request, replica_nodes, silence
 from .model import (
     ModelView,
@@ -196,7 +196,7 @@ def _why(choice: Choice, req: Request) -> str:
             out = f"spread: no other replica of this model in fabric {choice.fabric}; " + out
         return out
     said = ["holds the weights"] if choice.holds else []
-    left = f"{choice.left} free {req.klass} left on the node"
+    left = _left(choice, req)
     if req.spread and choice.on_node == 0:
         fabric = (f" or in fabric {choice.fabric}"
                   if choice.fabric is not None and choice.in_fabric == 0 else "")
@@ -207,10 +207,24 @@ def _why(choice: Choice, req: Request) -> str:
     elif choice.whole and not choice.holds:
         said.append(f"binpack: no partly used node fits; {left}")
     elif choice.takes_free < req.gpus:
-        said.append(f"binpack: shares a device already in use; {left}")
+        with_ = f" with {choice.sharing} other replica(s)" if choice.free_gb is not None else ""
+        said.append(f"binpack: shares a device already in use{with_}; {left}")
     else:
         said.append(f"binpack: {left}")
     return "; ".join(said)
+
+
+def _left(choice: Choice, req: Request) -> str:
+    """What is left on the node after this replica: free devices of the class, or, on a
+    shared device (the CPU, or memory_gb), its memory as status shows it (FREE of a shared
+    class: the reported free memory less what replicas not yet ready will take)."""
+    devices = f"{choice.left} free {req.klass} left on the node"
+    if choice.free_gb is None:
+        return devices
+    takes = ("(its memory_gb is unset: it reserves none)" if req.memory_gb is None
+             else f"after its {req.memory_gb:g} GB")
+    memory = f"{max(0.0, choice.free_gb):.1f} GB memory free on the device {takes}"
+    return memory if req.klass == CPU_CLASS else f"{devices}; {memory}"
 
 
 # -- why not -------------------------------------------------------------------------------

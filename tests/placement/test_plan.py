@@ -37,8 +37,28 @@ def test_best_fit_prefers_the_fuller_device() -> None:
 def test_a_second_memory_replica_shares_the_device_already_in_use() -> None:
     plan = place(snap([want(2, memory=20)], [node("n1", *(gpu(i) for i in range(4)))]))
     assert where(plan) == [("m", "n1", (0,)), ("m", "n1", (0,))]
-    assert plan.starts[1].why == "binpack: shares a device already in use; 3 free a100-80g " \
-        "left on the node"
+    assert plan.starts[1].why == (
+        "binpack: shares a device already in use with 1 other replica(s); 3 free a100-80g "
+        "left on the node; 40.0 GB memory free on the device after its 20 GB")
+
+
+def test_a_replica_sharing_the_cpu_says_the_memory_left_not_zero_free_cpus() -> None:
+    # Issue 28: "0 free cpu left on the node" while status showed 20 GB free and more
+    # replicas were placed. The CPU is one shared device: what is left is its memory, as
+    # status's FREE counts it (reported free less what replicas not yet ready will take).
+    starting = (rep("r0", "other", "n1", (0,), state="starting"),)
+    views = [want(3, klass="cpu", memory=4), want(1, name="other", klass="cpu", memory=4)]
+    plan = place(snap(views, [node("n1", gpu(0, klass="cpu", total_gb=32, used_gb=4))],
+                      starting))
+    whys = [s.why for s in plan.starts]
+    assert whys == [
+        f"binpack: shares a device already in use with {n} other replica(s); "
+        f"{free:.1f} GB memory free on the device after its 4 GB"
+        for n, free in ((1, 20), (2, 16), (3, 12))]
+    assert not any("free cpu" in why for why in whys), whys
+    unset = place(snap([want(klass="cpu")], [node("n1", gpu(0, klass="cpu", total_gb=32))]))
+    assert unset.starts[0].why == ("binpack: no partly used node fits; 32.0 GB memory free "
+                                   "on the device (its memory_gb is unset: it reserves none)")
 
 
 def test_a_ready_replica_memory_is_not_counted_twice() -> None:
