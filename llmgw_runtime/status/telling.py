@@ -72,3 +72,16 @@ def _with_head(head: str, line: str) -> str:
     if head.endswith("last log lines:") and prefix and prefix != line:
         return f"{prefix}: {line}"
     return line
+
+
+def error_line(text: str | None, limit: int) -> str | None:
+    """An error as one-line views and answers carry it (the routes table, the router's
+    refusals): the telling line of ``text``, printable, at most ``limit`` characters;
+    None for no text. Applied again to its own result, it gives that result."""
+    if not text or not text.strip():
+        return None
+    line = _UNPRINTABLE.sub("?", telling_line(text))
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
