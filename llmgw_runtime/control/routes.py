@@ -6,8 +6,12 @@ passed in; ``control/fleet.routes`` reads them. Each model's catalog part is its
 :class:`~llmgw_runtime.api.catalog.RouteFields` as they are (``to_router``); beside it come its
 state (``states.model_state``), its ready endpoints, why nothing is routed, and its current
 start streak; replicas that drain are no endpoints but are listed (``draining``), and a
-canary's endpoints are marked with its share of the requests. The keys' part says which keys exist, and each key's priority, scope, expiry
-and limits (docs/keys.md). Table-tested in tests/control/test_routes_of.py.
+canary's endpoints are marked with its share of the requests. An engine's error (a reason or
+last error taken from its log) goes as its telling line only (``status/telling.py``, at most
+``ERROR_LINE`` characters): the routers answer it to clients, and the full text stays in
+`llmgw ctl status -o json` and the engine's log. The keys' part says which keys exist, and
+each key's priority, scope, expiry and limits (docs/keys.md). Table-tested in
+tests/control/test_routes_of.py.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from typing import Any
 
 from ..api.catalog import ModelSpec, to_router
 from ..api.fields import clean
-from ..api.router import Endpoint, KeyLimits, RouteModel, Routes
+from ..api.router import ERROR_LINE, Endpoint, KeyLimits, RouteModel, Routes
 from ..api.states import ModelState, ReplicaState
 from ..engines.slots import slots_of
+from ..status.telling import error_line
 from ..store import accounts
 from ..store.models import row_to_spec
 from .drain import is_draining
@@ -63,15 +68,20 @@ def route_model(row: Any, replicas: list[Any], nodes: dict[str, Any], now: float
     percent, canary = canary_of(row, replicas)
     endpoints = endpoints_of(spec, replicas, nodes, canary)
     reason = state.reason
+    if reason is not None and reason == row.last_error:       # the engine's log
+        reason = error_line(reason, ERROR_LINE)
     if not endpoints and state.state not in NOT_ROUTED_REASONS:
         reason = unreachable_reason(replicas) or reason
     streak = start_streak(row, now, backoff)
+    created = getattr(row, "created", None)
     return RouteModel(**to_router(spec), state=ModelState(state.state), reason=clean(reason),
                       endpoints=tuple(endpoints), engine=spec.engine,
                       draining=tuple(r.id for r in replicas if is_draining(r)),
                       canary_percent=percent if any(e.canary for e in endpoints) else 0,
-                      failures=streak["failures"], last_error=clean(streak["last_error"]),
-                      retry_after_s=streak["retry_after_s"])
+                      failures=streak["failures"], last_error=error_line(streak["last_error"],
+                                                                      ERROR_LINE),
+                      retry_after_s=streak["retry_after_s"],
+                      created=None if created is None else int(created))
 
 
 def key_limits_of(row: Any) -> KeyLimits | None:

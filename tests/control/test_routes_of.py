@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from llmgw_runtime.api.catalog import MaxTokens, ModelSpec, Profile, to_router
-from llmgw_runtime.api.router import Endpoint, KeyLimits, RouteModel, Routes
+from llmgw_runtime.api.router import ERROR_LINE, Endpoint, KeyLimits, RouteModel, Routes
 from llmgw_runtime.control.routes import routes_of
 from llmgw_runtime.store.models import spec_to_row
 
@@ -113,6 +113,39 @@ def test_a_reason_with_control_characters_is_made_printable() -> None:
     assert routed.reason == "bad?[31m gguf"
 
 
+# An engine's log as the agent reports a failed start: 1.7 KB, the cause in the middle.
+ENGINE_LOG = "\n".join([
+    "engine exited with code 1; last log lines:",
+    "--- llmgw: starting r-9 (m) at Thu Dec  3 19:33:00 2026: /usr/bin/llama-server "
+    "--model /m/m.gguf --host 127.0.0.1 --port 40123 --alias m",
+    *[f"0.00.00{i}.100 I llama_model_loader: - kv {i:2}: general.field str = value"
+      for i in range(20)],
+    "0.00.005.504 E gguf_init_from_reader: invalid magic characters: 'garb', expected 'GGUF'",
+    "0.00.005.964 E srv    load_model: failed to load model, '/m/m.gguf'",
+    "0.00.006.262 E srv          init: exiting due to model loading error"])
+TELLING = ("engine exited with code 1: gguf_init_from_reader: invalid magic characters: "
+           "'garb', expected 'GGUF'")
+
+
+@pytest.mark.parametrize("row", [
+    {"parked": 1, "consecutive_failures": 5, "last_failure_at": NOW - 1,
+     "last_error": ENGINE_LOG},
+    {"consecutive_failures": 2, "last_failure_at": NOW - 1, "last_error": ENGINE_LOG},
+])
+def test_an_engines_log_goes_to_the_routers_as_its_telling_line(row: dict[str, Any]) -> None:
+    assert len(ENGINE_LOG) > 1500
+    routed = one([entry(row=row)], [node()])
+    assert routed.last_error == TELLING
+    assert routed.reason in (TELLING, None)          # parked: its reason; starting: none
+    long = one([entry(row=dict(row, last_error="error: " + "x" * 2000))], [node()])
+    assert long.last_error is not None and len(long.last_error) == ERROR_LINE
+    assert "\n" not in long.last_error and long.last_error.endswith("…")
+
+
+def test_created_is_when_the_model_was_first_applied() -> None:
+    assert one([entry(row={"created": 1_700_000_123.7})]).created == 1_700_000_123
+
+
 # ------------------------------------------------------------------ on demand, start streak
 
 
@@ -194,4 +227,4 @@ def test_every_field_the_routers_read_is_sent_even_when_empty() -> None:
                     "max_tokens": None, "state": "starting", "reason": None,
                     "endpoints": [], "failures": 0, "last_error": None,
                     "retry_after_s": None, "engine": "llama.cpp", "draining": [],
-                    "canary_percent": 0}
+                    "canary_percent": 0, "created": None}
