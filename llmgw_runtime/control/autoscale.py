@@ -11,7 +11,8 @@ moves its target one step at a time between its floor and its max:
   is ``cooldown_s`` ago;
 - **down** when nothing waits and under ``busy_below`` of the ready replicas' slots is
   busy (each router's peak, summed) for ``down_after_s``, after the cooldown too;
-- never beyond the max (said once per episode) nor below the floor (the min; for an
+- never beyond the max (said once per burst: a break in the signal shorter than
+  ``cooldown_s`` belongs to the same burst) nor below the floor (the min; for an
   on-demand model 1 while it is wanted: going to 0 is ``idle_stop_after``'s, as before).
 
 After placement, :func:`unplaceable_step` takes back a step the fleet has no room for:
@@ -47,6 +48,7 @@ class ScaleState:
     last_at: float | None = None       # the last step (or a step the fleet had no room for)
     blocked: str | None = None         # why the last step up could not be placed
     said: str | None = None            # a hold already said in an event (not repeated)
+    calm_since: float | None = None    # since when a said hold's signal is gone, unbroken
 
     @classmethod
     def of(cls, text: str | None) -> ScaleState:
@@ -120,7 +122,7 @@ def step(settings: Autoscale, floor: int, ceiling: int, target: int | None,
     high_since = (now if state.high_since is None else state.high_since) if over else None
     low_since = (now if state.low_since is None else state.low_since) if low else None
     new = replace(state, high_since=high_since, low_since=low_since,
-                  said=state.said if over else None)
+                  **_said(state, bool(over), now, settings.cooldown_s))
     cooled = state.last_at is None or now - state.last_at >= settings.cooldown_s
     if over and high_since is not None and now - high_since >= settings.up_after_s:
         held = f"{over} for {now - high_since:.0f} s"
@@ -138,6 +140,18 @@ def step(settings: Autoscale, floor: int, ceiling: int, target: int | None,
         return Step(current - 1, replace(new, low_since=now, last_at=now, blocked=None),
                     f"{low} for {now - low_since:.0f} s: {current} -> {current - 1}")
     return Step(current, new, event)
+
+
+def _said(state: ScaleState, over: bool, now: float, cooldown_s: float) -> dict[str, Any]:
+    """A hold said once per burst: it is forgotten only once its signal has been gone for
+    ``cooldown_s``; a shorter break (one pass under the target, a router's report late) is
+    the same burst, not a new one to say again."""
+    if over or state.said is None:
+        return {"said": state.said if over else None, "calm_since": None}
+    calm_since = now if state.calm_since is None else state.calm_since
+    if now - calm_since >= cooldown_s:
+        return {"said": None, "calm_since": None}
+    return {"said": state.said, "calm_since": calm_since}
 
 
 def unplaceable_step(target: int, placed: int, floor: int, reason: str | None,

@@ -97,8 +97,25 @@ def test_at_its_max_it_says_so_once_per_episode() -> None:
                            "replicas; raise replicas.max (or slots) to serve more")
     again = run(target=3, state=first.state)
     assert again.event is None and again.target == 3
-    calm = run(target=3, state=again.state, load=QUIET)
-    assert calm.state.said is None          # a new episode is said again
+
+
+def test_at_its_max_a_short_break_in_one_burst_does_not_say_it_again() -> None:
+    # Issue 28: the "at max" note appeared twice in one burst, a pass under the target in
+    # between. Once per burst: the note is said again only after cooldown_s of calm.
+    def at(t: float, state: ScaleState, load: Load = WAITING) -> Step:
+        return step(S, 1, 3, 3, state, load, 8, 0, NOW + t)
+
+    said, state = [], ScaleState(high_since=NOW - 60)
+    for t, load in [(0, WAITING), (5, QUIET), (10, WAITING), (80, WAITING), (90, WAITING)]:
+        out = at(t, state, load)
+        said += [t] if out.event else []
+        state = out.state
+    assert said == [0], said                # the burst, a 5 s break in it: said once
+    for t in (100, 100 + S.cooldown_s):     # calm for the cooldown: the burst is over
+        state = at(t, state, QUIET).state
+    assert state.said is None
+    state = at(300, state).state
+    assert at(300 + S.up_after_s, state).event is not None   # a new burst is said
 
 
 @pytest.mark.parametrize(("stored", "floor", "ceiling", "target", "event"), [
