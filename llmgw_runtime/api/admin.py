@@ -24,8 +24,22 @@ from .fields import (
 from .router import KeyPriority, Rpm, Tpm
 from .states import ModelState, ReplicaState
 
-KeyName = Annotated[str, Field(strict=True, min_length=1, max_length=100,
-                               pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")]
+MAX_KEY_NAME = 100
+KEY_NAME_SAYS = (f"a key name has 1-{MAX_KEY_NAME} letters, digits, '.', '_', '@', '+' or "
+                 "'-', and starts with a letter or digit (no spaces)")
+
+
+def _key_name(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A key name, or an error that says which characters a name may have."""
+    try:
+        return handler(value)
+    except ValueError:
+        raise ValueError(KEY_NAME_SAYS) from None
+
+
+KeyName = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_KEY_NAME,
+                               pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$"),
+                    WrapValidator(_key_name)]
 
 
 def _known_priority(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -44,7 +58,20 @@ Priority = Annotated[KeyPriority, WrapValidator(_known_priority)]
 
 # How long a key lives at most when it expires: ten years (``--expires 3650d``).
 MAX_KEY_LIFETIME_S = 10 * 365 * 86400
-KeyLifetime = Annotated[float, Field(allow_inf_nan=False, gt=0, le=MAX_KEY_LIFETIME_S)]
+KEY_LIFETIME_SAYS = (f"a key's lifetime is a number of seconds above 0 and at most "
+                     f"{MAX_KEY_LIFETIME_S} ({MAX_KEY_LIFETIME_S // 86400} days)")
+
+
+def _key_lifetime(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A key's lifetime in seconds, or an error that names its bounds in days too."""
+    try:
+        return handler(value)
+    except ValueError:
+        raise ValueError(KEY_LIFETIME_SAYS) from None
+
+
+KeyLifetime = Annotated[float, Field(allow_inf_nan=False, gt=0, le=MAX_KEY_LIFETIME_S),
+                        WrapValidator(_key_lifetime)]
 # The models a key may use: catalog names (None: every model). A model that is not (yet)
 # in the catalog may be named: the scope holds until it is.
 KeyModels = Annotated[list[Name], Field(min_length=1, max_length=MAX_LIST)]

@@ -63,11 +63,21 @@ def limits_text(key: dict[str, Any]) -> tuple[str, str]:
     return ("-" if rpm is None else str(rpm), "-" if tpm is None else str(tpm))
 
 
-def _lifetime(value: str) -> float:
+def _lifetime(value: str, never: bool = False) -> float:
+    """``--expires`` as seconds: a number of days, hours or minutes (``30d``), within a
+    key's longest lifetime; the message names the forms (and ``never`` in ``keys set``)."""
+    longest = messages.MAX_KEY_LIFETIME_S // 86400
+    forms = (f"a number of days, hours or minutes like 30d, 12h or 90m (at most {longest}d)"
+             + (", or never" if never else ""))
     try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=["--expires"]) from None
+        seconds = parse_duration(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a lifetime; write {forms}",
+                                 param_hint=["--expires"]) from None
+    if seconds > messages.MAX_KEY_LIFETIME_S:
+        raise click.BadParameter(f"{value!r} is longer than a key may live; write {forms}",
+                                 param_hint=["--expires"])
+    return seconds
 
 
 def expiry_text(key: dict[str, Any], now: float | None = None) -> str:
@@ -155,7 +165,8 @@ def keys_set(ctx: click.Context, name: str, priority: str | None, models: str | 
     if models is not None:
         fields["models"] = "all" if models.strip() == "all" else _models(models)
     if expires is not None:
-        fields["expires_in_s"] = "never" if expires.strip() == "never" else _lifetime(expires)
+        fields["expires_in_s"] = "never" if expires.strip() == "never" else _lifetime(
+            expires, never=True)
     if rpm is not None:
         fields["rpm"] = _limit(rpm, "--rpm", lift=True)
     if tpm is not None:

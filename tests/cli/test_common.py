@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from llmgw_runtime.api.admin import KeyCreate, KeyUpdate
 from llmgw_runtime.cli.common import request_body
 from llmgw_runtime.cli.keys import OPTIONS
+from llmgw_runtime.cli.main import cli
 
 
 def refused(message: type[KeyCreate] | type[KeyUpdate], **fields: object) -> click.UsageError:
@@ -39,3 +41,23 @@ def test_every_bad_option_is_named_at_once() -> None:
     message = refused(KeyCreate, name="a b", rpm=0).format_message()
     assert message.startswith("Invalid value for 'NAME' / '--rpm': NAME: ")
     assert "; --rpm: Input should be greater than or equal to 1" in message
+
+
+def test_a_bad_key_name_says_which_characters_a_name_may_have() -> None:
+    message = refused(KeyCreate, name="bad name!").format_message()
+    assert message == ("Invalid value for 'NAME': a key name has 1-100 letters, digits, "
+                       "'.', '_', '@', '+' or '-', and starts with a letter or digit (no "
+                       "spaces) (got 'bad name!')")
+    assert "pattern" not in message and "[A-Z" not in message
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["create", "ci", "--expires", "5y"], "'5y' is not a lifetime; write a number of days, "
+     "hours or minutes like 30d, 12h or 90m (at most 3650d)"),
+    (["create", "ci", "--expires", "99999d"], "'99999d' is longer than a key may live"),
+    (["set", "ci", "--expires", "5y"], "like 30d, 12h or 90m (at most 3650d), or never"),
+])
+def test_a_bad_expiry_names_the_forms_it_may_take(argv: list[str], says: str) -> None:
+    result = CliRunner().invoke(cli, ["ctl", "--url", "http://127.0.0.1:1", "--token", "x",
+                                      "keys", *argv])
+    assert result.exit_code == 2 and says in result.output, result.output
