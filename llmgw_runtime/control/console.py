@@ -133,6 +133,12 @@ def root() -> Any:
     return redirect(auth.HOME)
 
 
+def login_page(status: int = 200, **context: Any) -> Response:
+    """The login page, saying where the admin token is (``auth.WHERE_THE_TOKEN_IS``)."""
+    return page("login.html", "Log in", status=status, refresh=False,
+                where=auth.WHERE_THE_TOKEN_IS, **context)
+
+
 @bp.route("/console/login", methods=["GET", "POST"])
 def login() -> Any:
     target = auth.safe_next(request.values.get("next"))
@@ -142,13 +148,13 @@ def login() -> Any:
         notes = {"ended": "Your session ended (it expired, or you logged out); log in again.",
                  "out": "You are logged out."}
         note = next((v for k, v in notes.items() if request.args.get(k)), None)
-        return page("login.html", "Log in", refresh=False, next=target, note=note)
+        return login_page(next=target, note=note)
     auth.check_origin()
     wait = auth.login_wait()
     if wait > 0:
-        resp = page("login.html", "Log in", status=429, refresh=False, next=target,
-                    error=f"too many failed logins from your address; wait "
-                          f"{throttle.retry_after(wait)} s, then try again")
+        resp = login_page(status=429, next=target,
+                          error=f"too many failed logins from your address; wait "
+                                f"{throttle.retry_after(wait)} s, then try again")
         resp.headers["Retry-After"] = throttle.retry_after(wait)
         return resp
     token = request.form.get("token", "")
@@ -161,8 +167,7 @@ def login() -> Any:
             auth.login_failed()
         log.warning("console login refused from %s: %s", request.remote_addr,
                     problem.split(";")[0])
-        return page("login.html", "Log in", status=401, refresh=False, next=target,
-                    error=problem)
+        return login_page(status=401, next=target, error=problem)
     auth.login_succeeded()
     return started
 

@@ -120,6 +120,14 @@ def check_csrf() -> None:
                         "press the button again")
 
 
+# Where an operator finds the admin token (the login page and its refusal say it).
+WHERE_THE_TOKEN_IS = (
+    "`make up` and `llmgw up` keep it in .llmgw/secrets/admin-token of the directory they "
+    "ran in (cat .llmgw/secrets/admin-token; LLMGW_STATE_DIR/secrets/ when that is set); "
+    "otherwise it is LLMGW_ADMIN_TOKEN of the control service, or the one `llmgw server` "
+    "showed when it first started")
+
+
 def admin_of(token: str) -> tuple[str | None, str]:
     """The admin account this token belongs to, or None and what to tell the user. The
     token itself is never logged."""
@@ -129,8 +137,7 @@ def admin_of(token: str) -> tuple[str | None, str]:
         account = accounts.account_by_hash(conn, hash_token(token.strip()))
     if account is None:
         return None, ("that token matches no account of this control service; use the "
-                      "admin token (LLMGW_ADMIN_TOKEN, or the one `llmgw server` showed "
-                      "when it first started)")
+                      f"admin token: {WHERE_THE_TOKEN_IS}")
     if account.kind != "admin":
         return None, (f"that is a {account.kind} token; the console needs an admin token")
     return str(account.name), ""

@@ -80,6 +80,9 @@ def test_a_wrong_token_is_refused_clearly_and_never_logged(
     html = resp.get_data(as_text=True)
     assert resp.status_code == 401 and "Login refused" in html
     assert "matches no account" in html and "LLMGW_ADMIN_TOKEN" in html
+    # where `make up` keeps the token, said in the refusal itself (issue 28)
+    refusal = html.split("Login refused:", 1)[1].split("</p>", 1)[0]
+    assert ".llmgw/secrets/admin-token" in refusal, refusal
     assert "Set-Cookie" not in resp.headers
     router = login(fleet, ROUTER)
     assert router.status_code == 401
