@@ -36,7 +36,9 @@ from .slots import slots_flag
 from .xllamacpp_launcher import args_problem as cpu_engine_args_problem
 from .xllamacpp_launcher import supported_flags as cpu_engine_flags
 
-LAUNCHER_MODULE = "llmgw_runtime.engines.xllamacpp_launcher"
+# The CPU engine runs as ``python -m LAUNCHER_MODULE``: a module nobody imports (run_cpu_engine
+# says why), not the launcher itself.
+LAUNCHER_MODULE = "llmgw_runtime.engines.run_cpu_engine"
 CPU_ENGINE_DOC = 'docs/operations.md, "The CPU engine"'
 
 

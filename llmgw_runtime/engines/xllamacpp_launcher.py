@@ -1,7 +1,8 @@
 """Run llama.cpp's own HTTP server from the ``xllamacpp`` wheel (the CPU engine).
 
-``python -m llmgw_runtime.engines.xllamacpp_launcher --model PATH --host H --port P
---alias NAME [FLAGS]`` where FLAGS are the llama-server flags of ``FLAGS`` below, mapped onto
+``python -m llmgw_runtime.engines.run_cpu_engine --model PATH --host H --port P --alias
+NAME [FLAGS]`` (the entry point; run_cpu_engine.py says why it is not this module) where
+FLAGS are the llama-server flags of ``FLAGS`` below, mapped onto
 ``xllamacpp.CommonParams``; anything else is refused (exit 2). The catalog checks a model's
 args with :func:`args_problem` at apply time, so a flag this engine lacks is refused there,
 not after five failed starts (docs/operations.md, "The CPU engine").
@@ -218,6 +219,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.flush()
     os._exit(0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -85,6 +85,7 @@ def test_bad_model_path_fails_with_the_engine_message(supervisor: Supervisor,
     assert state["state"] == "failed"
     assert f"model file not found: {missing}" in state["last_error"]
     assert "exited with code 2" in state["last_error"]
+    assert "RuntimeWarning" not in state["last_error"]     # how the launcher is started
     assert not (supervisor.run_dir / "r-bad.json").exists()
 
 

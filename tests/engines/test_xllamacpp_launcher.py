@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_runtime.engines import LAUNCHER_MODULE
+from llmgw_runtime.engines import LAUNCHER_MODULE, LlamaCppDriver
 from llmgw_runtime.engines.xllamacpp_launcher import FLAGS, args_problem, common_params, parse_args
 
 
@@ -18,6 +18,20 @@ def test_missing_model_file_exits_2_naming_the_path(tmp_path: Path) -> None:
     proc = run_launcher("--model", str(missing), "--host", "127.0.0.1", "--port", "1")
     assert proc.returncode == 2
     assert f"model file not found: {missing}" in proc.stderr
+
+
+def test_a_failing_launch_prints_its_error_alone_without_a_runpy_warning(
+        tmp_path: Path) -> None:
+    """The agent's own command line (the driver's argv): the engine log holds the error
+    and nothing else, no "<frozen runpy>: RuntimeWarning ... found in sys.modules"."""
+    missing = tmp_path / "no-such-model.gguf"
+    spec = LlamaCppDriver().launch({"replica_id": "r1", "model": "m", "source":
+                                    f"file://{missing}", "args": [], "device_kind": "cpu"},
+                                   host="127.0.0.1", port=1)
+    proc = subprocess.run(spec.argv, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr == f"model file not found: {missing}\n", proc.stderr
+    assert "RuntimeWarning" not in proc.stdout + proc.stderr
 
 
 def test_a_directory_is_not_a_model_file(tmp_path: Path) -> None:
