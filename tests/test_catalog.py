@@ -403,3 +403,39 @@ def test_a_cpu_model_with_the_cpu_engines_flags_is_accepted() -> None:
 def test_an_owned_flag_on_a_cpu_model_is_refused_once_as_owned() -> None:
     [msg] = problems(entry(profile={"class": "cpu"}, args=["--port", "80", "--bogus"]))
     assert "args --port set what the agent owns" in msg
+
+
+# -- catalog-wide rules: every entry, every time (issue 28) -----------------------------------
+
+def test_a_fallback_that_names_no_model_is_reported_beside_the_entrys_other_problems() -> None:
+    found = problems(entry(args=["--port", "80"], fallback=["nope"]))
+    assert len(found) == 2, found
+    assert "args --port set what the agent owns" in found[0]
+    assert "model qwen: fallback nope is not a model of the catalog" in found[1]
+
+
+def test_every_fallback_that_names_no_model_is_reported_and_a_bad_entry_is_still_a_model(
+        ) -> None:
+    # fb-only has a problem of its own: it is still a model the catalog names
+    found = problems(entry(fallback=["nope", "fb-only", "gone"]),
+                     entry(name="fb-only", args=["--port", "80"], aliases=["chat"]),
+                     entry(name="other", aliases=["chat"]))
+    text = "\n".join(found)
+    assert "fallback nope is not a model" in text and "fallback gone is not a model" in text
+    assert "fallback fb-only" not in text
+    assert "models[1] (fb-only): args --port" in text
+    assert "alias chat is already an alias of model fb-only" in text     # clash: both named
+    assert len(found) == 4, found
+
+
+def test_fallbacks_may_name_the_models_that_stay_beside_the_catalog() -> None:
+    [spec] = catalog.validate({"models": [entry(fallback=["kept"])]}, {"kept": ("k",)})
+    assert spec.fallback == ("kept",)
+    found = problems(entry(fallback=["kept", "nope"], aliases=["k"]))
+    assert any("fallback kept is not a model" in p for p in found)
+    with pytest.raises(CatalogError) as info:
+        catalog.validate({"models": [entry(fallback=["kept", "nope"], aliases=["k"])]},
+                         {"kept": ("k",)})
+    assert info.value.details == [
+        "model kept: alias k is already an alias of model qwen; an alias names one model only",
+        "model qwen: fallback nope is not a model of the catalog; name a model it lists"]

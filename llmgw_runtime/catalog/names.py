@@ -6,13 +6,30 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, Protocol
 
 from ..api.catalog import MODEL_NAME_RE
 from .bounds import MAX_ALIASES, MAX_FALLBACKS, MAX_NAME_CHARS, brief, brief_text
 
-if TYPE_CHECKING:
-    from ..api.catalog import ModelSpec
+
+class Named(Protocol):
+    """What the fleet-wide rules read of an entry (a ``ModelSpec``, or :class:`Names`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+    @property
+    def fallback(self) -> tuple[str, ...]: ...
+
+
+class Names(NamedTuple):
+    """An entry's names as far as they could be read, also of an entry with other problems:
+    the catalog-wide rules (clashes, fallbacks that name no model) check every entry."""
+
+    name: str
+    aliases: tuple[str, ...]
+    fallback: tuple[str, ...]
 
 # What a client can put in "model" and the router can route: no spaces, no leading slash.
 NAME_RE = re.compile(MODEL_NAME_RE)
@@ -61,7 +78,7 @@ def aliases_of(problems: list[str], who: str, raw: Any, name: Any) -> tuple[str,
                   "spaces, not starting with / or .)", itself="the model's own name")
 
 
-def fallback_problems(specs: Sequence[ModelSpec], others: Iterable[str] = ()) -> list[str]:
+def fallback_problems(specs: Sequence[Named], others: Iterable[str] = ()) -> list[str]:
     """Fallbacks that name no model of the catalog (nor of ``others``, models the store
     keeps). A model's requests fall back one step only: a fallback's own fallbacks are
     not followed, so no chain can loop."""
@@ -71,7 +88,7 @@ def fallback_problems(specs: Sequence[ModelSpec], others: Iterable[str] = ()) ->
             if f not in known]
 
 
-def name_clashes(specs: Sequence[ModelSpec], others: dict[str, tuple[str, ...]] | None = None
+def name_clashes(specs: Sequence[Named], others: dict[str, tuple[str, ...]] | None = None
                  ) -> list[str]:
     """Every name clients could use twice: a model's alias that is another model's name or
     alias, in ``specs`` or among ``others`` (models that stay in the store: name ->

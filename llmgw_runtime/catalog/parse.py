@@ -60,7 +60,7 @@ from .bounds import (
     unknown_fields,
     whole,
 )
-from .names import NAME_RE, aliases_of, fallback_of, name_clashes
+from .names import NAME_RE, Names, aliases_of, fallback_of, fallback_problems, name_clashes
 from .scale import autoscale_of, replicas_of
 from .spec import parse_duration
 
@@ -194,11 +194,13 @@ def _profile(problems: list[str], who: str, raw: Any) -> Profile | None:
                                    "memory_gb": None if memory is None else float(memory)})
 
 
-def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
+def _entry(problems: list[str], index: int, raw: Any) -> tuple[ModelSpec | None, Names | None]:
+    """The entry as a spec (None when it has a problem), and its names as far as they
+    could be read (None without a name), for the catalog-wide rules."""
     if not isinstance(raw, dict):
         problems.append(f"models[{index}] must be a mapping with name, source, engine and "
                         f"profile, not {brief(raw)}")
-        return None
+        return None, None
     name = raw.get("name")
     who = f"models[{index}] ({brief_text(name)})" if isinstance(name, str) else f"models[{index}]"
     before = len(problems)
@@ -235,15 +237,16 @@ def _entry(problems: list[str], index: int, raw: Any) -> ModelSpec | None:
                              values.get("max_wait_s", default("max_wait_s")))
     aliases = aliases_of(problems, who, raw.get("aliases", []), name)
     fallback = fallback_of(problems, who, raw.get("fallback", []), name)
+    names = Names(name, aliases, fallback) if isinstance(name, str) else None
     if len(problems) > before or profile is None:
-        return None
+        return None, names
     assert isinstance(name, str) and isinstance(source, str) and engine in ENGINES
     return ModelSpec(name=name, source=source, engine=engine, profile=profile,
                      replicas=replicas.count, replicas_max=replicas.maximum,
                      autoscale=autoscale, on_demand=replicas.on_demand,
                      idle_stop_after_s=idle_s, args=tuple(str(a) for a in args),
                      sha256=sha256.lower() if isinstance(sha256, str) else None,
-                     slots=slots, aliases=aliases, fallback=fallback, **values)
+                     slots=slots, aliases=aliases, fallback=fallback, **values), names
 
 
 def _idle(problems: list[str], who: str, idle: Any, on_demand: bool) -> float | None:
@@ -340,8 +343,13 @@ def _args(problems: list[str], who: str, args: Any, engine: Any,
     return args
 
 
-def validate(document: Any) -> list[ModelSpec]:
-    """The models of a parsed catalog document, or CatalogError listing every problem."""
+def validate(document: Any, others: dict[str, tuple[str, ...]] | None = None
+             ) -> list[ModelSpec]:
+    """The models of a parsed catalog document, or CatalogError listing every problem:
+    each entry's own, and the catalog-wide ones of every entry that has a name, also of an
+    entry with problems of its own (an alias used twice, a fallback that names no model).
+    ``others``: the models that stay beside the catalog (name -> aliases: the store's,
+    without --prune), which fallbacks may name and aliases must not take."""
     problems: list[str] = []
     if not isinstance(document, dict) or "models" not in document:
         raise CatalogError("the catalog must be a mapping with a 'models' list",
@@ -360,9 +368,12 @@ def validate(document: Any) -> list[ModelSpec]:
                            f"{MAX_MODELS} (llmgw's MAX_MODELS); nothing was applied",
                            details=["split the fleet, or remove models nobody uses"])
     specs: list[ModelSpec] = []
+    every: list[Names] = []
     seen: dict[str, int] = {}
     for index, raw in enumerate(entries):
-        spec = _entry(problems, index, raw)
+        spec, names = _entry(problems, index, raw)
+        if names is not None and names.name not in seen:
+            every.append(names)
         name = raw.get("name") if isinstance(raw, dict) else None
         if isinstance(name, str):
             if name in seen:
@@ -371,7 +382,8 @@ def validate(document: Any) -> list[ModelSpec]:
             seen.setdefault(name, index)
         if spec is not None:
             specs.append(spec)
-    problems += name_clashes(specs)
+    staying = {n: a for n, a in (others or {}).items() if n not in seen}
+    problems += name_clashes(every, staying) + fallback_problems(every, staying)
     if problems:
         noun = "problem" if len(problems) == 1 else "problems"
         raise CatalogError(f"the catalog has {len(problems)} {noun}; nothing was applied",
@@ -379,7 +391,8 @@ def validate(document: Any) -> list[ModelSpec]:
     return specs
 
 
-def parse(text: str) -> list[ModelSpec]:
-    """Parse catalog YAML (JSON is YAML too) and validate it. The text is read within the
-    bounds of catalog/bounds.load_yaml (size, nesting, alias expansion)."""
-    return validate(load_yaml(text))
+def parse(text: str, others: dict[str, tuple[str, ...]] | None = None) -> list[ModelSpec]:
+    """Parse catalog YAML (JSON is YAML too) and validate it (``others``: the models that
+    stay beside it, :func:`validate`). The text is read within the bounds of
+    catalog/bounds.load_yaml (size, nesting, alias expansion)."""
+    return validate(load_yaml(text), others)

@@ -80,8 +80,10 @@ def deleted_digest(names: list[str]) -> str:
 
 def _apply(dry_run: bool) -> Any:
     text = request.get_data(as_text=True)
-    specs = catalog.parse(text)
     prune = _flag("prune")
+    with store().begin() as conn:       # so that the check names every problem at once
+        staying = fleet.staying_names(conn, prune)
+    specs = catalog.parse(text, staying)
     expected = request.args.get("deletes")
 
     def write(conn: Any) -> CatalogResult:

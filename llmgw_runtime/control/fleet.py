@@ -185,18 +185,25 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> admin.Plan:
         fabrics=fabrics, models=model_weights)
 
 
+def staying_names(conn: Connection, prune: bool) -> dict[str, tuple[str, ...]]:
+    """The models in the store that a catalog's apply keeps beside the models it names
+    (none with ``prune``), with their aliases: fallbacks may name them, aliases must not
+    take their names (catalog/parse.validate's ``others``)."""
+    if prune:
+        return {}
+    return {m.name: row_to_spec(m).aliases for m in repo.list_models(conn)}
+
+
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                   prune: bool) -> dict[str, list[str]]:
     """Store the catalog; a new definition of a model forgets its failures and unparks it,
     and rolls the replicas that run another one (``rolls``; the old entry is kept for
     ``ctl rollout undo``). The rules live here, the store only stores. Idempotent: the same
     specs again change nothing and log no event."""
-    rows = repo.list_models(conn)
     named = {s.name for s in specs}
     # the models that stay (no --prune) must not share a name with the new ones, and
     # fallbacks may name them
-    staying = {} if prune else {m.name: row_to_spec(m).aliases for m in rows
-                                if m.name not in named}
+    staying = {n: a for n, a in staying_names(conn, prune).items() if n not in named}
     clashes = name_clashes(specs, staying) + fallback_problems(specs, staying)
     if clashes:
         raise CatalogError("the catalog does not fit the models it names; nothing was "
