@@ -1,12 +1,16 @@
 """A playbook's progress, one line per step, counted up front.
 
-:func:`parse_plan` reads ``ansible-playbook --list-tasks`` (every play and its tasks: the
-playbooks import their roles statically, so the list is the whole run). :class:`Progress`
-folds ansible-runner's event dicts into lines: a listed step is ``[n/total]`` with the total
-fixed before the run starts, a step that is not listed (a handler) is ``[+]``; a handler
-that Ansible announces once per host (``throttle``) is one line. A step hidden with
-``no_log`` still says "changed", and when it fails, Ansible's error line (less the
-secrets) says why. All pure: fed sample events in the tests."""
+:func:`parse_plan` reads ``ansible-playbook --list-tasks --list-hosts`` (every play, the
+hosts it matches and its tasks: the playbooks import their roles statically, so the list
+is the whole run). The total counts only the steps that will run and be announced: not
+those of a play that matches no host, nor meta tasks (``flush_handlers``: Ansible announces
+one only when a handler was notified, :func:`meta_task_names`). :class:`Progress` folds
+ansible-runner's event dicts into lines: a listed step is ``[n/total]``, ``n`` counting the
+listed steps as they start (it never jumps, and a run that finishes ends at the total), a
+step that is not listed (a handler, an included task) is ``[+]``; a handler that Ansible
+announces once per host (``throttle``) is one line. A step hidden with ``no_log`` still
+says "changed", and when it fails, Ansible's error line (less the secrets) says why. All
+pure: fed recorded events in the tests."""
 
 from __future__ import annotations
 
@@ -19,6 +23,10 @@ from ..errors import LlmgwError
 _HOST_ORDER = ("failed", "unreachable", "changed", "ok", "skipped")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PLAY = re.compile(r"^play #\d+ \((.*)\): (.*?)\s*(\tTAGS: \[.*\])?$")
+_HOSTS = re.compile(r"^hosts \((\d+)\):$")
+# The actions Ansible runs without a step of their own (a meta task is announced only when
+# it has something to do, e.g. flush_handlers with a handler notified).
+META_ACTIONS = ("meta", "ansible.builtin.meta", "ansible.legacy.meta")
 _ERROR = re.compile(r"\[ERROR\]: (?:Task failed: )?(?:(?:Action|Module) failed: )?(.*)$")
 HIDDEN = ("the output is hidden (no_log) and Ansible gave no reason: run "
           "`ansible-playbook -vvv playbooks/store.yml` by hand to see it")
@@ -41,7 +49,10 @@ class Outcome:
     """What a whole run did."""
 
     ok: bool
-    steps: int
+    steps: int                  # listed steps that ran (all steps without a plan)
+    total: int | None = None    # the steps the plan counted
+    handlers: int = 0           # handler lines ([+])
+    included: int = 0           # steps not listed that are not handlers ([+])
     changed: dict[str, int] = field(default_factory=dict)
     oks: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
@@ -57,38 +68,78 @@ class Outcome:
                              for h in hosts)
         verdict = ("nothing changed" if self.changed_total == 0
                    else f"{self.changed_total} change(s)")
-        return f"{self.steps} steps, {verdict} ({per_host or 'no hosts'})"
+        done = (f"{self.steps} of {self.total} steps"
+                if self.total is not None and self.steps != self.total
+                else f"{self.steps} steps")
+        if self.handlers:
+            done += f" and {self.handlers} handler(s)"
+        if self.included:
+            done += f" and {self.included} included step(s)"
+        return f"{done}, {verdict} ({per_host or 'no hosts'})"
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The plays of a playbook in order, each with its tasks (``role : task``)."""
+    """The plays of a playbook in order, each with the tasks (``role : task``) that will
+    run and be announced (none for a play that matches no host); ``meta``: the names of
+    the meta tasks left out (an announcement of one is not a step)."""
 
     plays: tuple[tuple[str, tuple[str, ...]], ...]
+    meta: frozenset[str] = frozenset()
 
     @property
     def total(self) -> int:
         return sum(len(tasks) for _, tasks in self.plays)
 
-    def offset(self, play: int) -> int:
-        return sum(len(tasks) for _, tasks in self.plays[:play])
+    def is_meta(self, label: str) -> bool:
+        return is_named(label, self.meta)
 
 
-def parse_plan(list_tasks_stdout: str) -> Plan | None:
-    """The plan ``ansible-playbook --list-tasks`` prints (None when it lists no task)."""
+def is_named(label: str, names: frozenset[str]) -> bool:
+    """Whether the step ``label`` (``role : task`` or ``task``) is one of ``names``."""
+    return label in names or label.partition(" : ")[2] in names
+
+
+def parse_plan(list_stdout: str, meta: frozenset[str] = frozenset()) -> Plan | None:
+    """The plan ``ansible-playbook --list-tasks --list-hosts`` prints, less the tasks of a
+    play that matches no host and the tasks named in ``meta`` (None when no task is left).
+    Without ``--list-hosts`` every play counts as matching hosts."""
     plays: list[tuple[str, list[str]]] = []
-    for raw in list_tasks_stdout.splitlines():
+    no_hosts: set[int] = set()
+    for raw in list_stdout.splitlines():
         line = raw.strip()
         match = _PLAY.match(line)
         if match:
             plays.append((match[2].strip(), []))
             continue
+        hosts = _HOSTS.match(line)
+        if hosts and plays and int(hosts[1]) == 0:
+            no_hosts.add(len(plays) - 1)
+            continue
         label, tab, _ = line.partition("\tTAGS: [")
-        if tab and plays:
+        if tab and plays and not is_named(label.strip(), meta):
             plays[-1][1].append(label.strip())
-    if not any(tasks for _, tasks in plays):
+    kept = tuple((name, () if i in no_hosts else tuple(tasks))
+                 for i, (name, tasks) in enumerate(plays))
+    if not any(tasks for _, tasks in kept):
         return None
-    return Plan(tuple((name, tuple(tasks)) for name, tasks in plays))
+    return Plan(kept, meta | set(META_ACTIONS))
+
+
+def meta_task_names(tasks: Any) -> set[str]:
+    """The names of the meta tasks in parsed playbook or task-file YAML (any nesting:
+    plays, blocks, tasks); handlers are not listed, so theirs are left out."""
+    names: set[str] = set()
+    if isinstance(tasks, list):
+        for item in tasks:
+            names |= meta_task_names(item)
+    elif isinstance(tasks, dict):
+        if any(action in tasks for action in META_ACTIONS) and tasks.get("name"):
+            names.add(str(tasks["name"]).strip())
+        for key, value in tasks.items():
+            if key != "handlers" and isinstance(value, list | dict):
+                names |= meta_task_names(value)
+    return names
 
 
 def task_label(event_data: dict[str, Any]) -> str:
@@ -143,20 +194,21 @@ class Progress:
         self.total = plan.total if plan else None
         self.secrets = list(secrets or [])
         self.step = 0                   # steps run (listed or not)
+        self.listed = 0                 # listed steps run: the n of [n/total]
         self._play = -1
         self._next = 0                  # index in the current play's listed tasks
         self._label: str | None = None
         self._number: str = ""
         self._hosts: dict[str, str] = {}
-        self.outcome = Outcome(ok=True, steps=0)
+        self.outcome = Outcome(ok=True, steps=0, total=self.total)
         self._error_lines = 0
 
     def _flush(self) -> list[str]:
         if self._label is None:
             return []
         results = sorted(self._hosts.items(), key=lambda kv: (_rank(kv[1]), kv[0]))
-        hosts = ", ".join(f"{h} {r}" for h, r in results) or "no hosts"
-        line = redact(f"[{self._number}] {self._label}  {hosts}", self.secrets)
+        hosts = ", ".join(f"{h} {r}" for h, r in results)
+        line = redact(f"[{self._number}] {self._label}  {hosts}".rstrip(), self.secrets)
         self._label, self._hosts = None, {}
         return [line]
 
@@ -170,20 +222,28 @@ class Progress:
                 return i
         return None
 
-    def _start(self, label: str) -> list[str]:
+    def _start(self, label: str, handler: bool) -> list[str]:
+        if self.plan is not None and self.plan.is_meta(label):
+            return self._flush()        # a meta task: Ansible's doing, not a step
         at = self._listed_at(label)
         if at is None and label == self._label:
             return []                   # the same handler again (one host at a time)
         lines = self._flush()
         self.step += 1
-        self.outcome.steps = self.step
         self._label = label
         if at is not None and self.plan is not None:
             self._next = at + 1
-            self._number = f"{self.plan.offset(self._play) + at + 1}/{self.total}"
+            self.listed += 1
+            self.outcome.steps = self.listed
+            self._number = f"{self.listed}/{self.total}"
         elif self.plan is not None:
             self._number = "+"
+            if handler:
+                self.outcome.handlers += 1
+            else:
+                self.outcome.included += 1
         else:
+            self.outcome.steps = self.step
             self._number = str(self.step)
         return lines
 
@@ -198,7 +258,9 @@ class Progress:
             self._next = 0
             return lines
         if kind in ("playbook_on_task_start", "playbook_on_handler_task_start"):
-            return self._start(task_label(data))
+            # ansible-runner announces a handler as a task with is_conditional set.
+            return self._start(task_label(data), kind == "playbook_on_handler_task_start"
+                               or bool(data.get("is_conditional")))
         res = data.get("res") or {}
         if kind == "runner_on_ok":
             self._hosts[host] = _ok_result(res, stdout)
@@ -220,9 +282,7 @@ class Progress:
                 host, task_label(data), redact(failure_message(res, stdout), self.secrets),
                 unreachable=True))
         elif kind == "playbook_on_no_hosts_matched":
-            lines = self._flush()
-            play = str(data.get("play") or "").strip()
-            return lines + [f"(play {play + ' ' if play else ''}skipped: no hosts match)"]
+            return self._flush()        # the plan left its steps out
         elif kind == "verbose":
             # Ansible's own errors (a bad playbook, a missing role) come as plain output:
             # keep the error line and the few lines after it (where, the source excerpt).

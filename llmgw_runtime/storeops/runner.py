@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .progress import Outcome, PlaybookError, Progress, parse_plan
+from .progress import Outcome, PlaybookError, Progress, meta_task_names, parse_plan
 from .ssh import SshTrust
 
 INSTALL = "pip install 'llmgw[server-init]'"
@@ -30,6 +30,8 @@ COLLECTIONS = ("community.postgresql",)
 # option, so nothing later (not even ANSIBLE_HOST_KEY_CHECKING=False, which appends
 # StrictHostKeyChecking=no) can turn the check off.
 _ANSIBLE_SSH_ARGS = ["-C", "-o", "ControlMaster=auto", "-o", "ControlPersist=60s"]
+# The plan: every play's tasks and the hosts it matches (a play matching none runs nothing).
+LIST_ARGS = "--list-tasks --list-hosts"
 
 
 def ansible_env(playbook_dir: Path, ssh: SshTrust | None = None) -> dict[str, str]:
@@ -100,6 +102,21 @@ def local_problems(playbook_dir: Path) -> list[str]:
                        missing_collections(COLLECTIONS, collection_roots(playbook_dir)))
 
 
+def meta_tasks(playbook_dir: Path) -> frozenset[str]:
+    """The names of the meta tasks in the playbooks of ``playbook_dir`` and the task files
+    of the roles next to it (``../roles/*/tasks``): the plan leaves them out."""
+    import yaml
+
+    files = [*playbook_dir.glob("*.yml"), *playbook_dir.parent.glob("roles/*/tasks/**/*.yml")]
+    names: set[str] = set()
+    for path in files:
+        try:
+            names |= meta_task_names(yaml.safe_load(path.read_text()))
+        except (OSError, yaml.YAMLError):
+            continue                    # ansible-playbook says what is wrong with it
+    return frozenset(names)
+
+
 def run_playbook(playbook: Path, inventory: dict[str, Any], extravars: dict[str, Any],
                  echo: Callable[[str], None], secrets: list[str] | None = None,
                  ssh: SshTrust | None = None) -> Outcome:
@@ -124,8 +141,9 @@ def run_playbook(playbook: Path, inventory: dict[str, Any], extravars: dict[str,
         listing = ansible_runner.run(
             private_data_dir=str(private / "list"), project_dir=str(playbook.parent),
             playbook=playbook.name, inventory=inventory, extravars=extravars,
-            cmdline="--list-tasks", quiet=True, envvars=env)
-        plan = parse_plan(listing.stdout.read()) if listing.rc == 0 else None
+            cmdline=LIST_ARGS, quiet=True, envvars=env)
+        plan = (parse_plan(listing.stdout.read(), meta_tasks(playbook.parent))
+                if listing.rc == 0 else None)
         progress = Progress(plan=plan, secrets=secrets)
 
         def handler(event: dict[str, Any]) -> bool:
