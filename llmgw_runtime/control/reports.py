@@ -57,16 +57,27 @@ def progress_of(rep: ReplicaReport) -> str | None:
     return json.dumps(keep)
 
 
+# A wanted replica in one of these states that its agent no longer lists was lost with the
+# agent: an agent forgets a replica only when it is told to stop it, or when it restarts
+# and finds no engine to adopt (the node rebooted, `llmgw up` was stopped and stopped its
+# engines). That says nothing of whether the model starts: its row goes (no failed start,
+# no backoff) and the reconciler places a new replica. One that is `unreachable` stays a
+# failure: a router found its engine gone while the agent ran.
+LOST_WITH_AGENT = (ReplicaState.FETCHING, ReplicaState.STARTING, ReplicaState.READY)
+
+
 @dataclass(frozen=True)
 class HeadChange:
-    """What a report changes of one replica the node heads: ``delete`` (stopped as asked),
-    or new ``values`` for its row; ``gone`` when it gets no assignment any more."""
+    """What a report changes of one replica the node heads: ``delete`` (stopped as asked,
+    or ``lost`` with a restarted agent), or new ``values`` for its row; ``gone`` when it
+    gets no assignment any more."""
 
     row: Any
     delete: bool = False
     values: dict[str, Any] | None = None
     gone: bool = False
     stopped: bool = False
+    lost: bool = False
 
 
 def head_change(row: Any, rep: ReplicaReport | None, now: float) -> HeadChange | None:
@@ -74,6 +85,8 @@ def head_change(row: Any, rep: ReplicaReport | None, now: float) -> HeadChange |
     if rep is None:
         if not row.desired:
             return HeadChange(row, delete=True, gone=True)
+        if row.state in LOST_WITH_AGENT:
+            return HeadChange(row, delete=True, gone=True, lost=True)
         if row.state in LIVE_REPLICA_STATES:
             return HeadChange(row, values={
                 "state": "failed", "updated": now,
@@ -133,6 +146,8 @@ def apply_heads(conn: Any, heads: list[Any], reported: dict[str, ReplicaReport],
             gone.add(row.id)
         if change.delete:
             repo.delete_replica(conn, row.id)
+            if change.lost:
+                repo.add_event(conn, now, "lost", row.model, lost_message(row))
         elif change.values is not None:
             repo.update_replica(conn, row.id, **change.values)
             state = change.values["state"]
@@ -140,6 +155,13 @@ def apply_heads(conn: Any, heads: list[Any], reported: dict[str, ReplicaReport],
                 _replica_event(conn, row, state, change.values.get("last_error"),
                                change.stopped, now)
     return gone
+
+
+def lost_message(row: Any) -> str:
+    """The event of a replica lost with its agent (``LOST_WITH_AGENT``)."""
+    return (f"replica {row.id} on {row.node} ({row.state}) is gone: the agent on {row.node} "
+            "restarted and no longer runs it (its node restarted, or its engines were "
+            "stopped with it); not a failed start: a new replica is placed")
 
 
 def _replica_event(conn: Any, row: Any, state: str, error: str | None, stopped: bool,

@@ -48,7 +48,10 @@ READY = said()
     (head(state="starting"), READY, {"state": "ready", "last_error": None}),
     (head(pid=41), READY, {"pid": 42}),                                # restarted engine
     (head(), said(state="stopped", last_error="oom"), {"state": "failed", "last_error": "oom"}),
-    (head(), None, {"state": "failed"}),                               # the agent lost it
+    (head(), None, "lost"),                  # a restarted agent lost it: no failed start
+    (head(state="starting"), None, "lost"),
+    (head(state="fetching"), None, "lost"),
+    (head(state="unreachable"), None, {"state": "failed"}),  # a router saw it gone
     (head(state="pending"), None, None),                               # not started yet
     (head(desired=0), None, "delete"),                                 # stopped as asked
     (head(desired=0), READY, None),                                    # still stopping
@@ -59,8 +62,9 @@ def test_what_a_report_changes_of_a_replica(row: Any, rep: Any, expect: Any) -> 
     change = head_change(row, rep, 100.0)
     if expect is None:
         assert change is None
-    elif expect == "delete":
+    elif expect in ("delete", "lost"):
         assert change is not None and change.delete and change.gone
+        assert change.lost == (expect == "lost") and change.values is None
     else:
         assert change is not None and change.values is not None
         assert {k: change.values[k] for k in expect} == expect
@@ -175,3 +179,27 @@ def test_batched_heartbeats_never_move_a_node_backwards_nor_revive_it(store: Sto
         up, stopped = repo.get_node(conn, "up"), repo.get_node(conn, "stopped")
     assert up.last_report == pytest.approx(now + 2) and up.devices == '[{"id": 0}]'
     assert stopped.last_report is None
+
+
+def test_a_replica_lost_with_a_restarted_agent_is_not_a_failed_start(api: Api) -> None:
+    """`llmgw up` stopped with Ctrl-C (its engines stopped), then started again: the new
+    agent does not run the ready replica. No failure, no backoff: a new replica at once."""
+    api.call("PUT", "/api/v1/catalog", data=CATALOG)
+    cred = api.join()
+    api.report(cred)
+    api.reconciler.run_cycle()
+    rid = api.report(cred).json["assignments"][0]["replica_id"]
+    api.report(cred, replicas=[{"id": rid, "state": "ready", "port": 41000, "pid": 7}])
+
+    answer = api.report(cred, replicas=[])          # the restarted agent lost it
+    assert answer.json["assignments"] == []
+    api.reconciler.run_cycle()
+    model = api.call("GET", "/api/v1/models/tiny").json
+    kinds = [e["kind"] for e in api.call("GET", "/api/v1/events?limit=200").json["events"]]
+    assert "failure" not in kinds and "backoff" not in kinds, kinds
+    assert model["consecutive_failures"] == 0 and model["state"] == "starting", model
+    [lost] = [e["message"] for e in api.call("GET", "/api/v1/events?limit=200").json["events"]
+              if e["kind"] == "lost"]
+    assert f"replica {rid} on n1 (ready) is gone" in lost and "not a failed start" in lost
+    [again] = api.report(cred).json["assignments"]
+    assert again["replica_id"] != rid               # placed again at once, no backoff
