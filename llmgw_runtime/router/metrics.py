@@ -121,7 +121,8 @@ class RouterMetrics:
             registry=owner)
         self.fallbacks = Counter(
             "llmgw_router_fallbacks", "Requests for a model served by one of its fallback "
-            "models, by why the model could not serve (parked, unplaceable, at_capacity)",
+            "models, by why the model could not serve (parked, unplaceable, stopped, "
+            "at_capacity)",
             ["model", "fallback", "reason"], registry=owner)
         # A canary rollout's versions (canary.py), counted only while one holds.
         self.version_requests = Counter(

@@ -11,8 +11,8 @@ handed to ``on_unreachable`` (the router tells the control service on its next t
 on the request's time).
 
 What an engine answers reaches the client without its hop-by-hop fields (and those its
-``Connection`` field names), ``Set-Cookie`` (the router's origin is not the engine's) and
-any ``X-Llmgw-*`` field (those are the router's to say).
+``Connection`` field names), ``Set-Cookie`` and ``Access-Control-*`` (the router's origin is
+not the engine's) and any ``X-Llmgw-*`` field (those are the router's to say).
 """
 
 from __future__ import annotations
@@ -40,7 +40,13 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
 # Expect: the router has read the whole body already (an engine asked to wait for a 100
 # that never comes would hang the request).
 _DROP_UP = HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key", "expect"}
-_DROP_DOWN = HOP_BY_HOP | {"date", "server", "content-length", "set-cookie", "set-cookie2"}
+# An engine's CORS fields (llama.cpp sends an empty Access-Control-Allow-Origin) are not
+# the router's answer to a browser: the router's own come from its cors_origins (cors.py).
+CORS_FIELDS = frozenset({"access-control-allow-origin", "access-control-allow-credentials",
+                         "access-control-allow-methods", "access-control-allow-headers",
+                         "access-control-expose-headers", "access-control-max-age"})
+_DROP_DOWN = HOP_BY_HOP | CORS_FIELDS | {"date", "server", "content-length", "set-cookie",
+                                         "set-cookie2"}
 _OURS = "x-llmgw-"
 _STREAM_HEADERS = (("X-Accel-Buffering", "no"), ("Cache-Control", "no-cache"))  # unless set
 REPLICA_HEADER = "X-Llmgw-Replica"     # names the replica that served (not a secret)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..api.jsonlimits import JsonTooDeep, loads_bounded
 from ..throttle import retry_after
 from .body import _too_large, content_length, read_body
+from .engine_errors import translate
 from .errors import (
     InvalidJson,
     InvalidRequest,
@@ -30,6 +31,7 @@ from .errors import (
     ModelFailing,
     ModelNotFound,
     ModelParked,
+    ModelStopped,
     ModelUnplaceable,
     PathNotServed,
     RouterError,
@@ -190,7 +192,7 @@ class ProxiedRoutes:
             route = state.resolve(model, table)
             return _served(state.forward(environ, model, route, path, sent_body, sent, table),
                            path, model, route.engine)
-        except (ModelParked, ModelUnplaceable, ModelAtCapacity) as exc:
+        except (ModelParked, ModelUnplaceable, ModelStopped, ModelAtCapacity) as exc:
             served = self._fall_back(environ, model, exc, path, doc, body, asked, table)
             if served is None:
                 raise
@@ -227,7 +229,11 @@ class ProxiedRoutes:
 
 def _served(answer: Answered, path: str, model: str, engine: str | None) -> Answered:
     """``answer``, unless it is an engine's 404 to a passed-through path: the engine does
-    not serve that API (an older llama.cpp, a vLLM without it), said in OpenAI's shape."""
+    not serve that API (an older llama.cpp, a vLLM without it), said in OpenAI's shape;
+    a known engine error in a whole answer is said with what to change in llmgw
+    (``engine_errors.py``; streamed answers are never looked at)."""
+    if answer.status >= 400 and isinstance(answer.body, list):
+        answer = _translated(answer, path, model)
     if answer.status != 404 or path not in PASSTHROUGH_PATHS:
         return answer
     said = b"".join(answer.body) if isinstance(answer.body, list) else b""
@@ -240,6 +246,17 @@ def _served(answer: Answered, path: str, model: str, engine: str | None) -> Answ
         f"POST {path}" + (f" (it answered 404: {detail})" if detail else " (it answered 404)")
         + "; use POST /v1/chat/completions, which every engine serves, or ask the operator "
         "for an engine that serves this API")
+
+
+def _translated(answer: Answered, path: str, model: str) -> Answered:
+    """A whole error answer of an engine, a known one said as ``engine_errors`` says it."""
+    data = b"".join(answer.body)
+    status, said = translate(answer.status, data, model, path)
+    if said is data:
+        return answer
+    headers = [(k, v) for k, v in answer.headers
+               if k.lower() not in ("content-length", "content-type")]
+    return Answered(status, [*headers, _JSON, ("Content-Length", str(len(said)))], [said])
 
 
 def _json_kind(value: Any) -> str:

@@ -28,6 +28,8 @@ def fleet(engines: dict[str, str]) -> Iterator[str]:
         model("big", state="parked", reason="engine exited with code 1",
               fallback=["missing", "small"]),
         model("gone", state="unplaceable", reason="no device fits", fallback=["big"]),
+        model("off", state="stopped", reason="replicas is 0 in the catalog",
+              fallback=["small"]),
         model("small", endpoints=[("r-small", engines["e1"])]),
         keys=(API_KEY, BIG_ONLY), scopes={BIG_ONLY: ["big"]})
     routes["models"].append({"name": "busy", "state": "ready", "reason": None,
@@ -46,6 +48,17 @@ def test_a_parked_model_is_served_by_its_first_fallback_that_can(fleet: str) -> 
     raw = client.chat.completions.with_raw_response.create(model="big", messages=ASK)
     assert raw.headers["X-Llmgw-Model"] == "small"     # "missing" is not in the table
     assert raw.parse().model == "small"                # the engine was asked for "small"
+
+
+def test_a_stopped_model_is_served_by_its_fallback_and_the_metrics_say_stopped(
+        fleet: str) -> None:
+    # Taking a model down (replicas: 0) is when its fallback is wanted (issue 28).
+    client = openai.OpenAI(base_url=fleet + "/v1", api_key=API_KEY, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(model="off", messages=ASK)
+    assert raw.headers["X-Llmgw-Model"] == "small" and raw.parse().model == "small"
+    text = requests.get(fleet + "/metrics", timeout=5).text
+    assert 'llmgw_router_fallbacks_total{fallback="small",model="off",reason="stopped"} 1.0' \
+        in text
 
 
 def test_a_model_at_capacity_falls_back_and_the_metrics_count_it(fleet: str) -> None:
