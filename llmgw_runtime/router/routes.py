@@ -11,6 +11,7 @@ report, usage.py); requests never wait on those posts.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -152,7 +153,8 @@ class ControlClient:
     (over the one transport, ``api.transport``)."""
 
     def __init__(self, base_url: str, token: str, timeout_s: float = 10.0,
-                 ca_file: str = "") -> None:
+                 ca_file: str = "", keys_optional: bool = False) -> None:
+        self.keys_optional = keys_optional     # said in every idle map (IdleMap)
         self._transport = Transport(base_url, token, ca_file=ca_file or None,
                                     timeout_s=timeout_s, connect_timeout_s=min(timeout_s, 3.0),
                                     maxsize=16)
@@ -210,7 +212,8 @@ class ControlClient:
                                     IdleMap(replicas=replicas, capacity=capacity or {},
                                             router=self._router, worker=self.worker,
                                             in_flight=in_flight or {},
-                                            versions=versions or {}))
+                                            versions=versions or {},
+                                            keys_optional=self.keys_optional))
         except LlmgwError as exc:
             raise ControlError(f"idle map not accepted: {str(exc)[:300]}") from None
 
@@ -225,8 +228,11 @@ class RoutesCache:
                  capacity: Callable[[], dict[str, ModelCapacity]] | None = None,
                  on_tick: Callable[[], Any] | None = None,
                  in_flight: Callable[[], dict[str, int]] | None = None,
-                 versions: VersionSource | None = None) -> None:
+                 versions: VersionSource | None = None,
+                 heartbeat_s: float | None = None) -> None:
         self._client = client
+        self._heartbeat_s = heartbeat_s
+        self._posted_at = -math.inf
         self._in_flight = in_flight
         self._versions = versions
         self._on_tick = on_tick
@@ -341,7 +347,8 @@ class RoutesCache:
         flight per replica and a canary's counts per version, and run ``on_tick`` (the
         usage report). The map goes every tick while a request is in flight or the table
         names a draining replica, empty or not: a draining replica stops once every
-        worker said it has nothing left there."""
+        worker said it has nothing left there; with ``heartbeat_s``, at least that often
+        (a router serving without keys says so: IdleMap.keys_optional)."""
         self._post_unreachable()
         table = self.refresh()
         now = self._clock()
@@ -354,7 +361,9 @@ class RoutesCache:
         versions = self._versions.take() if self._versions is not None else {}
         if versions:
             extra["versions"] = versions
-        if idle or capacity or extra:
+        due = self._heartbeat_s is not None and now - self._posted_at >= self._heartbeat_s
+        if idle or capacity or extra or due:
+            self._posted_at = now
             try:
                 if capacity or extra:
                     self._client.post_idle(idle, capacity, **extra)

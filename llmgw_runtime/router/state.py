@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..api.router import Endpoint, RouteModel
+from ..api.router import ERROR_LINE, KEYS_OPTIONAL_POST_S, Endpoint, RouteModel
 from ..api.states import ModelState
-from ..security import bearer, hash_token
+from ..security import PREFIXES, bearer, hash_token
+from ..status.telling import error_line
 from ..throttle import ROUTER, Throttle, retry_after
 from .admission.affinity import prefix_key
 from .admission.gate import Gate, Lease
@@ -51,6 +52,11 @@ log = logging.getLogger(__name__)
 _ROUNDS = 3     # tries of a request that found no replica to admit it (state.forward)
 
 _ACTIVATE_STATES = (ModelState.STARTING, ModelState.ACTIVATING, ModelState.IDLE)
+# Where an engine's whole log is, said after its telling line in a refusal (the agent's
+# supervisor writes it: agent/supervisor.py).
+FULL_LOG = ("The engine's full log is on its node: `<agent state dir>/run/<replica>.log` "
+            "(`.llmgw/agent/run/` under `llmgw up`); `llmgw ctl events` names the replica "
+            "and its node")
 
 
 class RouterState:
@@ -63,7 +69,8 @@ class RouterState:
         self.gate = Gate(self.metrics, config.slot_share_parts)
         self.metrics.slots_in_use_source = self._slots_in_use
         self.control = ControlClient(config.control_url, config.router_token,
-                                     ca_file=config.ca_file)
+                                     ca_file=config.ca_file,
+                                     keys_optional=not config.require_api_key)
         # Per-key limits (shared by the router's workers) and usage (this worker's, posted
         # once a tick): tables/limits.py, usage.py.
         self.limiter = Limiter(limits.for_this_process(), config.slot_share_parts,
@@ -76,7 +83,9 @@ class RouterState:
                                   self.balancer.last_used, on_table=self._on_table,
                                   capacity=self.gate.capacity,
                                   on_tick=self.usage_reporter.post,
-                                  in_flight=self.gate.in_flight, versions=self.versions)
+                                  in_flight=self.gate.in_flight, versions=self.versions,
+                                  heartbeat_s=None if config.require_api_key
+                                  else KEYS_OPTIONAL_POST_S)
         self.upstreams = Upstreams(self.balancer, config.upstream_timeout_s,
                                    on_unreachable=self.routes.report_unreachable,
                                    max_buffered=config.max_buffered_answer_bytes)
@@ -125,12 +134,21 @@ class RouterState:
 
     def check_api_key(self, table: RoutesTable, environ: dict[str, Any]) -> None:
         """The request's API key (``Authorization: Bearer``, or ``X-Api-Key`` as Anthropic's
-        clients send it) must be one of the table's; an address that sent many
+        clients send it) must be one of the table's, not expired; an address that sent many
         wrong keys is refused (429, Retry-After) for a growing while before any check
-        (throttle.py: per worker process, by TCP peer address, not
-        X-Forwarded-For)."""
+        (throttle.py: per worker process, by TCP peer address, not X-Forwarded-For).
+
+        A router that does not require keys (``require_api_key`` false, as under `llmgw
+        up`) serves a request without one as the anonymous ``-``, and checks a key that is
+        sent all the same: an unknown or expired one is refused, a valid one brings its
+        scope, limits, priority and usage. There a value that is not an llmgw key (the
+        ``api_key="none"`` an openai client must be given) counts as no key."""
         environ[KEY_ID] = "-"
-        if not self.config.require_api_key:
+        key = bearer(environ.get("HTTP_AUTHORIZATION"))
+        if key is None:     # Anthropic's clients send their key as X-Api-Key
+            key = environ.get("HTTP_X_API_KEY") or None
+        required = self.config.require_api_key
+        if not required and (key is None or not key.startswith(PREFIXES["api_key"])):
             return
         address, now = environ.get("REMOTE_ADDR") or "-", time.monotonic()
         wait = self.key_throttle.wait_s(address, now)
@@ -138,10 +156,7 @@ class RouterState:
             raise TooManyFailedKeys(f"too many requests with a wrong API key from your "
                                     f"address; retry after {retry_after(wait)} s with a "
                                     "valid key", retry_after_s=wait)
-        key = bearer(environ.get("HTTP_AUTHORIZATION"))
-        if key is None:     # Anthropic's clients send their key as X-Api-Key
-            key = environ.get("HTTP_X_API_KEY") or None
-        if not table.api_key_hashes:
+        if required and not table.api_key_hashes:
             raise InvalidApiKey("this router requires an API key and none is configured: "
                                 "create one with `llmgw ctl keys create NAME` and send it as "
                                 "`Authorization: Bearer sk-llmgw-...`")
@@ -154,7 +169,9 @@ class RouterState:
                 log.warning("repeated wrong API keys from %s; refusing it for a while",
                             address)
             raise InvalidApiKey("the API key is not valid: use a key made with "
-                                "`llmgw ctl keys create NAME` (keys are shown only once)")
+                                "`llmgw ctl keys create NAME` (keys are shown only once)"
+                                + ("" if required else "; this router also serves requests "
+                                   "without a key: send none to be served as anonymous"))
         self.key_throttle.succeeded(address)
         if table.expired(key_id):
             raise InvalidApiKey("this API key has expired: ask the operator for a new one "
@@ -254,7 +271,8 @@ class RouterState:
                 if (why := self.balancer.down(e.replica_id))]
         raise ModelNotReady(f"model '{model}' has no ready replica after "
                             f"{self.config.activation_timeout_s:g} s (state: {route.state}"
-                            + (f", {route.reason}" if route.reason else "")
+                            + (f", {error_line(route.reason, ERROR_LINE)}" if route.reason
+                               else "")
                             + (f"; this router could not connect to {'; '.join(down)}"
                                if down else "")
                             + "); retry later, `llmgw ctl status` shows its progress",
@@ -358,16 +376,16 @@ def _refuse_failing(model: str, failures: int, last_error: str | None,
             else "The next start is under way")
     raise ModelFailing(f"model '{model}' has no ready replica ({failures} failure"
                        + ("" if failures == 1 else "s") + " in a row; last error: "
-                       f"{last_error or 'unknown'}). {when}: retry after the Retry-After "
-                       "seconds; `llmgw ctl status` shows its progress",
-                       retry_after_s=left, param="model")
+                       f"{error_line(last_error, ERROR_LINE) or 'unknown'}). {when}: retry "
+                       "after the Retry-After seconds; `llmgw ctl status` shows its "
+                       f"progress. {FULL_LOG}", retry_after_s=left, param="model")
 
 
 def _refuse(state: str, reason: Any, model: str) -> None:
     if state == "parked":
         raise ModelParked(f"model '{model}' is parked after repeated failed starts; last error: "
-                          f"{reason or 'unknown'}. Fix the cause, then run "
-                          f"`llmgw ctl retry {model}`", param="model")
+                          f"{error_line(reason, ERROR_LINE) or 'unknown'}. Fix the cause, "
+                          f"then run `llmgw ctl retry {model}`. {FULL_LOG}", param="model")
     if state == "unplaceable":
         raise ModelUnplaceable(f"model '{model}' cannot be placed: {reason or 'no device fits'}. "
                                "Free or add a device that fits its profile, or change the "

@@ -16,6 +16,7 @@ from flask import Flask
 
 from llmgw_runtime.router.app import create_app
 from llmgw_runtime.router.config import RouterConfig
+from tests.control.test_routes_of import ENGINE_LOG, TELLING
 
 from .conftest import ROUTER_TOKEN, Control, model, table
 
@@ -84,6 +85,27 @@ def test_a_failing_model_whose_next_start_is_under_way_says_so(app: Flask) -> No
     err = resp.get_json()["error"]
     assert err["code"] == "model_failing"
     assert "1 failure in a row" in err["message"] and "under way" in err["message"]
+
+
+@pytest.mark.parametrize("entry,activation", [
+    (model("broken", "parked", reason=ENGINE_LOG), None),
+    (model("broken", "starting"), {"model": "broken", "state": "starting", "failures": 2,
+                                   "last_error": ENGINE_LOG, "retry_after_s": 5.0}),
+])
+def test_a_refusal_gives_the_engines_telling_line_and_where_its_log_is(
+        app: Flask, control: Control, entry: dict[str, Any],
+        activation: dict[str, Any] | None) -> None:
+    # A whole engine log (from a control service before issue 28, or an activation
+    # answer) is not dumped to the client: its telling line, and where the rest is.
+    _set_model(control, entry)
+    control.on_activate["broken"] = lambda: activation
+    app.extensions["llmgw_router"].routes.refresh()
+    _, resp = _chat(app, "broken")
+    err = resp.get_json()["error"]
+    assert resp.status_code == 503 and err["code"] in ("model_parked", "model_failing")
+    assert TELLING in err["message"] and "\n" not in err["message"]
+    assert "llama_model_loader" not in err["message"] and len(err["message"]) < 800
+    assert "run/<replica>.log" in err["message"] and "llmgw ctl events" in err["message"]
 
 
 def test_a_waiting_request_is_refused_as_soon_as_the_first_start_fails(
