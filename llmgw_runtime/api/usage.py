@@ -16,12 +16,20 @@ from pydantic import Field, StrictStr
 from .fields import ID_RE, MAX_INT, Answer, Bool, Count, Finite, Message, Name
 
 MAX_USAGE_ENTRIES = 10_000     # (key, model) pairs in one report
+# One entry's counts: far above what a router worker serves between two reports (seconds
+# apart), far below what would overflow a sum of a whole report in the store (whose rows
+# stop at MAX_INT, store/usage.py).
+MAX_ENTRY_REQUESTS = 10**9
+MAX_ENTRY_TOKENS = 10**12
 NO_KEY = "-"                   # requests to a router that does not require API keys
+UNKNOWN_MODEL = "(unknown)"    # usage reported of a model the catalog does not have
 MAX_REPORTER = 100
 # A key's SHA-256 (the routers know only hashes), or "-" for requests without a key.
 KeyRef = Annotated[StrictStr, Field(pattern=r"^([0-9a-f]{64}|-)$")]
 Reporter = Annotated[StrictStr, Field(min_length=1, max_length=MAX_REPORTER, pattern=ID_RE)]
 Seq = Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]
+EntryRequests = Annotated[int, Field(strict=True, ge=0, le=MAX_ENTRY_REQUESTS)]
+EntryTokens = Annotated[int, Field(strict=True, ge=0, le=MAX_ENTRY_TOKENS)]
 
 
 class UsageEntry(Message):
@@ -30,9 +38,9 @@ class UsageEntry(Message):
 
     key: KeyRef
     model: Name
-    requests: Count
-    prompt_tokens: Count
-    completion_tokens: Count
+    requests: EntryRequests
+    prompt_tokens: EntryTokens
+    completion_tokens: EntryTokens
 
 
 class UsageReport(Message):
@@ -53,7 +61,9 @@ UsageBy = Literal["key", "model", "key,model"]
 
 class UsageRow(Answer):
     """One key's (or model's, or key and model's) usage. ``key`` is the key's name, ``-``
-    for requests without a key, ``(deleted)`` for a key deleted before its router reported."""
+    for requests without a key, ``(deleted)`` for a key deleted before its router reported;
+    ``model`` is ``(unknown)`` for usage a router reported of a model the catalog does not
+    have. Each count stops at MAX_INT (2^53)."""
 
     key: str | None = None
     model: str | None = None

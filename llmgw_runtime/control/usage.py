@@ -5,17 +5,21 @@ A report counts once: it is applied in the same transaction that records its rep
 sequence number, and one whose number was applied already is not applied again (a retry
 after a lost answer, or the same report sent twice at once). Keys arrive as hashes
 (routers know no more) and are stored by name, so a deleted key's past usage stays under
-its name. Rows are summed per hour of the store's clock: the hour a report arrived.
+its name. A model the catalog does not have (nor had: a deleted model's row stays while
+its replicas drain) is booked as ``(unknown)``, so a router token cannot add a series per
+made-up name to ``/metrics``. Rows are summed per hour of the store's clock: the hour a
+report arrived.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, cast
 
-from ..api.usage import NO_KEY, UsageBy, UsageList, UsageReport, UsageRow
+from ..api.usage import NO_KEY, UNKNOWN_MODEL, UsageBy, UsageList, UsageReport, UsageRow
 from ..catalog.spec import parse_duration
 from ..errors import ValidationError
-from ..store import usage
+from ..store import repo, usage
 from ..store.usage import BY, Used
 
 DELETED_KEY = "(deleted)"        # a key deleted before its router reported its usage
@@ -29,11 +33,19 @@ def apply_report(conn: Any, report: UsageReport, now: float) -> bool:
     if not usage.claim_report(conn, report.reporter, report.seq, now):
         return False
     names = usage.key_names(conn, (e.key for e in report.entries if e.key != NO_KEY))
+    known = repo.models_named(conn, {e.model for e in report.entries})
     usage.add_usage(conn, usage.bucket_of(now), (
-        Used(NO_KEY if e.key == NO_KEY else names.get(e.key, DELETED_KEY), e.model,
-             e.requests, e.prompt_tokens, e.completion_tokens) for e in report.entries))
+        Used(NO_KEY if e.key == NO_KEY else names.get(e.key, DELETED_KEY),
+             model_label(e.model, known), e.requests, e.prompt_tokens, e.completion_tokens)
+        for e in report.entries))
     usage.prune(conn, now)
     return True
+
+
+def model_label(model: str, known: Collection[str]) -> str:
+    """What a reported model's usage is booked as: its name when the catalog has it,
+    else ``(unknown)``."""
+    return model if model in known else UNKNOWN_MODEL
 
 
 def since_s(value: str | None) -> float:

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from ..api.fields import MAX_INT
 from .schema import accounts, usage, usage_reporters, usage_totals
 
 HOUR_S = 3600.0
@@ -20,6 +21,11 @@ RETENTION_S = 400 * 86400.0      # hourly rows kept this long (the totals for ev
 REPORTER_TTL_S = 7 * 86400.0     # a reporter silent this long is forgotten (its worker died)
 COUNTS = ("requests", "prompt_tokens", "completion_tokens")
 BY = {"key": ("key",), "model": ("model",), "key,model": ("key", "model")}
+# Every stored count and every sum read back stops here (JSON's exact integers, the bound
+# of the answers' counts): an absurd report saturates a counter instead of overflowing a
+# 64-bit column (a report's entries are bounded too, api/usage.py, so a row plus one
+# report stays far inside 64 bits).
+MAX_COUNT = MAX_INT
 
 
 class Used(NamedTuple):
@@ -70,7 +76,8 @@ def add_usage(conn: Connection, bucket: float, used: Iterable[Used]) -> None:
         counts[2] += u.completion_tokens
     if not merged:
         return
-    rows = [{"key": key, "model": model, **dict(zip(COUNTS, counts, strict=True))}
+    rows = [{"key": key, "model": model,
+             **{c: min(n, MAX_COUNT) for c, n in zip(COUNTS, counts, strict=True)}}
             for (key, model), counts in sorted(merged.items())]
     _add(conn, usage, ("bucket", "key", "model"), [{"bucket": bucket, **r} for r in rows])
     _add(conn, usage_totals, ("key", "model"), rows)
@@ -78,8 +85,8 @@ def add_usage(conn: Connection, bucket: float, used: Iterable[Used]) -> None:
 
 def _add(conn: Connection, table: sa.Table, keys: Sequence[str],
          rows: list[dict[str, Any]]) -> None:
-    """Insert ``rows``, or add their counts to the rows already there (one statement,
-    executed for every row)."""
+    """Insert ``rows``, or add their counts to the rows already there, each sum stopping
+    at :data:`MAX_COUNT` (one statement, executed for every row)."""
     from sqlalchemy.dialects import postgresql, sqlite
 
     stmt: Any
@@ -89,7 +96,8 @@ def _add(conn: Connection, table: sa.Table, keys: Sequence[str],
         stmt = sqlite.insert(table)
     stmt = stmt.on_conflict_do_update(
         index_elements=list(keys),
-        set_={c: table.c[c] + stmt.excluded[c] for c in COUNTS})
+        set_={c: sa.case((table.c[c] + stmt.excluded[c] > MAX_COUNT, MAX_COUNT),
+                         else_=table.c[c] + stmt.excluded[c]) for c in COUNTS})
     conn.execute(stmt, rows)
 
 
@@ -117,11 +125,13 @@ def usage_since(conn: Connection, since: float, by: str) -> list[dict[str, Any]]
     """Usage from the start of the hour ``since`` is in, summed ``by`` "key", "model" or
     "key,model"; sorted by those."""
     columns = [usage.c[name] for name in BY[by]]
-    query = (sa.select(*columns, *(sa.func.sum(usage.c[c]).label(c) for c in COUNTS))
+    # SQLite's sum() fails past 64 bits; its total() is a float and never does.
+    total = sa.func.total if conn.dialect.name == "sqlite" else sa.func.sum
+    query = (sa.select(*columns, *(total(usage.c[c]).label(c) for c in COUNTS))
              .where(usage.c.bucket >= bucket_of(since))
              .group_by(*columns).order_by(*columns))
     return [{**{name: getattr(row, name) for name in BY[by]},
-             **{c: int(getattr(row, c) or 0) for c in COUNTS}}
+             **{c: min(int(getattr(row, c) or 0), MAX_COUNT) for c in COUNTS}}
             for row in conn.execute(query)]
 
 

@@ -9,7 +9,8 @@ import requests
 
 from llmgw_runtime.security import hash_token
 from tests.cli.test_commands import control, ctl  # noqa: F401 - the fixture
-from tests.control.conftest import ROUTER
+from tests.control.conftest import ADMIN, ROUTER
+from tests.control.test_usage_api import CATALOG  # chat, embed: others are "(unknown)"
 
 
 def _report(url: str, seq: int, entries: list[dict[str, object]]) -> None:
@@ -54,6 +55,8 @@ def test_ctl_keys_refuse_bad_limits_before_asking(control: str) -> None:  # noqa
 def test_ctl_usage_shows_tokens_per_key_and_model(control: str) -> None:  # noqa: F811
     code, out = ctl(control, "keys", "create", "app")
     digest = hash_token(out.splitlines()[-1].strip())
+    assert requests.put(control + "/api/v1/catalog", data=CATALOG, timeout=10,
+                        headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
     _report(control, 1, [
         {"key": digest, "model": "chat", "requests": 3, "prompt_tokens": 120,
          "completion_tokens": 40},

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import requests
 
+from llmgw_runtime.api.usage import MAX_ENTRY_REQUESTS, MAX_ENTRY_TOKENS
 from llmgw_runtime.security import hash_token
 from llmgw_runtime.store import usage
 
@@ -19,6 +20,15 @@ from .conftest import ADMIN, ROUTER, Api, served
 from .test_console import login
 
 SHA = "ab" * 32
+CATALOG = "models:\n" + "".join(
+    f"  - {{name: {name}, source: /m.gguf, engine: llama.cpp, profile: {{class: cpu}}}}\n"
+    for name in ("chat", "embed"))
+
+
+@pytest.fixture
+def catalog(api: Api) -> None:
+    """The models the reports name are in the catalog (others are booked "(unknown)")."""
+    assert api.call("PUT", "/api/v1/catalog", data=CATALOG).status_code == 200
 
 
 def _entry(key: str, model: str = "chat", requests: int = 1, prompt: int = 10,
@@ -43,6 +53,7 @@ def _rows(api: Api, query: str = "") -> list[dict[str, Any]]:
     return list(resp.json["rows"])
 
 
+@pytest.mark.usefixtures("catalog")
 def test_a_report_is_applied_once_and_stored_by_key_name(api: Api) -> None:
     app = _key(api, "app")
     report = _report("router-a-1", 1, _entry(app), _entry(app, "embed", 2, 30, 0),
@@ -170,6 +181,7 @@ def test_a_bad_usage_query_is_refused_naming_it(api: Api, query: str) -> None:
     assert query[1:].split("=")[0] in resp.json["error"]["message"]
 
 
+@pytest.mark.usefixtures("catalog")
 def test_metrics_count_tokens_per_key_name_and_model(api: Api) -> None:
     app = _key(api, "app")
     for seq in (1, 2):
@@ -183,6 +195,7 @@ def test_metrics_count_tokens_per_key_name_and_model(api: Api) -> None:
     assert app not in text          # names, never hashes
 
 
+@pytest.mark.usefixtures("catalog")
 def test_the_console_shows_usage_per_key_and_model(api: Api) -> None:
     app = _key(api, "app")
     api.call("POST", "/api/v1/usage", token=ROUTER,
@@ -243,3 +256,40 @@ def test_bad_limits_are_refused_naming_the_field(api: Api, method: str,
     assert says in json.dumps(resp.json["error"])
     [key] = api.call("GET", "/api/v1/keys").json["keys"]
     assert (key["rpm"], key["tpm"]) == (None, None)
+
+
+@pytest.mark.usefixtures("catalog")
+def test_models_outside_the_catalog_are_booked_under_one_label(api: Api) -> None:
+    """Issue 28: made-up model names in a router's report do not become series of their own
+    in /metrics (nor rows of the usage API): they are booked as "(unknown)"."""
+    made_up = [_entry("-", f"made-up-{i}", 1, 2, 3) for i in range(50)]
+    resp = api.call("POST", "/api/v1/usage", token=ROUTER,
+                    json=_report("r", 1, _entry("-", "chat"), *made_up))
+    assert resp.status_code == 200, resp.json
+    assert _rows(api, "?by=model") == [
+        {"model": "(unknown)", "requests": 50, "prompt_tokens": 100, "completion_tokens": 150},
+        {"model": "chat", "requests": 1, "prompt_tokens": 10, "completion_tokens": 5}]
+    text = api.call("GET", "/metrics").get_data(as_text=True)
+    assert 'llmgw_key_requests_total{key="-",model="(unknown)"} 50.0' in text
+    assert "made-up" not in text
+
+
+@pytest.mark.usefixtures("catalog")
+def test_huge_counts_are_refused_per_entry_and_saturate_when_summed(api: Api) -> None:
+    """Issue 28: 1,100 entries of 2^53 were a 500 (an OverflowError into the store): each
+    entry is bounded (400 naming the field), and sums stop at 2^53."""
+    huge = _report("r", 1, *[_entry("-", prompt=2**53, completion=2**53)] * 1_100)
+    resp = api.call("POST", "/api/v1/usage", token=ROUTER, json=huge)
+    assert resp.status_code == 400, resp.json
+    assert "prompt_tokens" in json.dumps(resp.json["error"])
+    most = _entry("-", requests=MAX_ENTRY_REQUESTS, prompt=MAX_ENTRY_TOKENS,
+                  completion=MAX_ENTRY_TOKENS)
+    for seq in range(1, 11):          # 10,000 entries at the bound: past 2^53 in all
+        resp = api.call("POST", "/api/v1/usage", token=ROUTER,
+                        json=_report("r", seq, *[most] * 1_000))
+        assert resp.status_code == 200, resp.json
+    assert _rows(api, "?by=model") == [
+        {"model": "chat", "requests": 10**13, "prompt_tokens": 2**53,
+         "completion_tokens": 2**53}]
+    assert 'model="chat",kind="prompt"} 9.007199254740992e+15' in api.call(
+        "GET", "/metrics").get_data(as_text=True)

@@ -51,3 +51,18 @@ def test_old_hours_and_silent_reporters_are_forgotten_and_the_totals_stay(
         assert not usage.claim_report(conn, "new", 7, NOW)
     assert rows == [{"key": "a", "requests": 1, "prompt_tokens": 1, "completion_tokens": 1}]
     assert totals == [Used("a", "m", 2, 2, 2)]
+
+
+def test_counts_stop_at_json_exact_integers_instead_of_overflowing(store: Store) -> None:
+    """Issue 28: sums past 64 bits were an OverflowError (500); now every stored count and
+    every sum read back saturates at MAX_COUNT (2^53), also summed over many hours."""
+    big = usage.MAX_COUNT - 1
+    with store.begin() as conn:
+        for hours in range(3):
+            usage.add_usage(conn, usage.bucket_of(NOW - hours * HOUR_S),
+                            [Used("a", "m", 1, big, big), Used("a", "m", 1, big, 5)])
+        usage.add_usage(conn, usage.bucket_of(NOW), [Used("a", "m", 1, big, big)])
+        assert usage.usage_since(conn, NOW - 3 * HOUR_S, "key") == [
+            {"key": "a", "requests": 7, "prompt_tokens": usage.MAX_COUNT,
+             "completion_tokens": usage.MAX_COUNT}]
+        assert usage.totals(conn) == [Used("a", "m", 7, usage.MAX_COUNT, usage.MAX_COUNT)]
