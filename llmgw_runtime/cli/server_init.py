@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from pathlib import Path
+from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from ..errors import LlmgwError
+from ..store.db import redact_url
 from ..storeops import patroni
 from ..storeops.init import current_store, default_playbooks, read_env_files, run_init
 from ..storeops.ssh import SshTrust
@@ -21,6 +25,40 @@ DEFAULT_ENV_FILE = Path("/etc/llmgw/control.env")
 
 def _step(text: str) -> None:
     click.secho(text, bold=True)
+
+
+def _value(value: Any) -> str:
+    """An option's value as the re-run gives it: a path absolute (it works from any
+    directory, and names the very file this run used), a URL without its password."""
+    if isinstance(value, Path):
+        return str(value.expanduser().absolute())
+    text = str(value)
+    return redact_url(text) if "://" in text else text
+
+
+def given_options(ctx: click.Context) -> list[str]:
+    """The options given on the command line to ``ctx``'s command, in the command's order,
+    as words (a repeatable option once per value; arguments left out)."""
+    words: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name is None or \
+                ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        name = max(param.opts, key=len)
+        value = ctx.params[param.name]
+        if param.is_flag:
+            words.append(name)
+        else:
+            for one in value if param.multiple else (value,):
+                words += [name, _value(one)]
+    return words
+
+
+def rerun_command(parent: list[str], own: list[str], hosts: tuple[str, ...]) -> str:
+    """``llmgw server [its options] init --patroni HOSTS [the other options]``: the command
+    that runs this again with every option given (pure)."""
+    rest = [w for w in own if w != "--patroni"]
+    return shlex.join(["llmgw", "server", *parent, "init", "--patroni", *hosts, *rest])
 
 
 @click.command("init")
@@ -54,19 +92,22 @@ def _step(text: str) -> None:
               help="TESTS ONLY: the inventory's ansible_connection for the store hosts")
 @click.option("--store-url-hosts", default=None, hidden=True,
               help="TESTS ONLY: HOST:PORT,... in the cluster URL instead of the store hosts")
+@click.option("--systemd-dir", type=click.Path(path_type=Path), default=None, hidden=True,
+              help="TESTS ONLY: the directory whose presence says this host runs systemd "
+                   "[/run/systemd/system]")
 @click.pass_context
 def init(ctx: click.Context, patroni_: bool, hosts: tuple[str, ...], playbooks: Path | None,
          env_file: Path, store_database: str, store_port: int, patroni_rest_port: int,
          etcd_port: int, scope: str, known_hosts: Path | None, ssh_key: Path | None,
          allow: tuple[str, ...], wait_s: float, connection: str,
-         store_url_hosts: str | None) -> None:
+         store_url_hosts: str | None, systemd_dir: Path | None) -> None:
     """Set up the replicated store on the given hosts and move the store in use into it.
 
     First checks, before anything changes anywhere, what it needs: ansible and its
     collections here (pip install 'llmgw[server-init]'), each host's ssh host key (an
     unknown or changed key stops it, saying the command that accepts the key), python3 and
-    sudo there; the playbook's first play checks systemd and free ports on every etcd voter,
-    this host included. Then runs
+    sudo there, systemd here (this host is the etcd witness); the playbook's first play
+    checks systemd and free ports on every etcd voter. Then runs
     playbooks/store.yml over ssh (PostgreSQL 15, Patroni and etcd on each host; this
     host adds an etcd vote), copies every row of the store in use (SQLite) into the
     cluster, checks the counts, keeps the old file as a backup, and points the control
@@ -83,6 +124,8 @@ def init(ctx: click.Context, patroni_: bool, hosts: tuple[str, ...], playbooks: 
     settings = patroni.StoreSettings(database=store_database, port=store_port,
                                      rest_port=patroni_rest_port, etcd_port=etcd_port,
                                      scope=scope)
+    rerun = rerun_command(given_options(ctx.parent) if ctx.parent else [],
+                          given_options(ctx), hosts)
     try:
         run_init(hosts, current=current, env_path=env_path,
                  playbooks=playbooks or default_playbooks(), settings=settings,
@@ -90,6 +133,7 @@ def init(ctx: click.Context, patroni_: bool, hosts: tuple[str, ...], playbooks: 
                  svc=service_control(),
                  ssh=SshTrust(known_hosts=known_hosts and known_hosts.expanduser().absolute(),
                               identity=ssh_key and ssh_key.expanduser().absolute()),
-                 allow=allow, echo=click.echo, step=_step)
+                 allow=allow, echo=click.echo, step=_step, rerun=rerun,
+                 systemd_dir=systemd_dir)
     except LlmgwError as exc:
         raise click.ClickException(str(exc)) from None

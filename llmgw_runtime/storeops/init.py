@@ -45,6 +45,9 @@ from .switch import (
 )
 
 MARKER_FILE = "store-move.json"
+# What says this host was booted with systemd (sd_booted(3)): etcd runs as etcd.service on
+# every voter, this control host (the witness) included.
+SYSTEMD_DIR = Path("/run/systemd/system")
 Echo = Callable[[str], None]
 
 
@@ -173,13 +176,32 @@ def _start_after_switch(store_env: Path, svc: ServiceControl, was_active: bool,
              f"cluster: {svc.hint()}")
 
 
+def witness_problem(witness: str, systemd_dir: Path, booted_with_systemd: bool) -> str | None:
+    """What to do when this control host, the etcd witness, runs without systemd (pure)."""
+    if booted_with_systemd:
+        return None
+    return (f"this control host ({witness}) does not run systemd ({systemd_dir} is "
+            "missing: a container, or a host started without it), and it is the etcd "
+            "witness: etcd runs on every voter as etcd.service. Run `llmgw server init` "
+            "from a host (or VM) booted with systemd that reaches the store hosts, with "
+            "the same options")
+
+
 def preflight(hosts: list[patroni.StoreHost], *, playbooks: Path | None,
               env_path: Path, connection: str, ssh: SshTrust, allow: tuple[str, ...],
-              rerun: str, echo: Echo) -> tuple[Path, list[str], dict[str, str]]:
+              rerun: str, echo: Echo,
+              systemd_dir: Path | None = None) -> tuple[Path, list[str], dict[str, str]]:
     """Everything checked before anything is written anywhere: the playbook, the env
-    files, this host's tools, the --allow networks, each store host over ssh. Every
-    problem at once. Returns the playbook, the networks and where each host sees us."""
+    files, this host's tools and systemd (``systemd_dir`` present: :data:`SYSTEMD_DIR`),
+    the --allow networks, each store host over ssh. Every problem at once. Returns the
+    playbook, the networks and where each host sees us. The test-only local connection
+    (the store hosts are this machine) checks neither systemd here nor ssh."""
     problems: list[str] = []
+    if connection == "ssh":
+        probed = systemd_dir or SYSTEMD_DIR
+        problem = witness_problem(socket.gethostname(), probed, probed.is_dir())
+        if problem:
+            problems.append(problem)
     playbook: Path | None = None
     if playbooks is None:
         problems.append("playbooks/store.yml is not next to this llmgw (it was installed "
@@ -200,8 +222,9 @@ def preflight(hosts: list[patroni.StoreHost], *, playbooks: Path | None,
         problems += exc.details
         networks = []
     if problems:
-        raise ConfigError("server init cannot start; nothing was done anywhere",
-                          details=problems)
+        raise ConfigError("server init cannot start; nothing was done anywhere (no host "
+                          "was touched, no password made, no file written). Fix each "
+                          f"problem below, then re-run `{rerun}`:", details=problems)
     assert playbook is not None
     seen: dict[str, str] = {}
     if connection == "ssh":
@@ -225,8 +248,12 @@ def run_init(hosts_text: tuple[str, ...], *, current: Current, env_path: Path,
              playbooks: Path | None, settings: patroni.StoreSettings, connection: str,
              url_hosts: str | None, wait_s: float, svc: ServiceControl,
              ssh: SshTrust | None = None, allow: tuple[str, ...] = (),
-             echo: Echo = print, step: Echo = print) -> None:
-    rerun = "llmgw server init --patroni " + " ".join(hosts_text)
+             echo: Echo = print, step: Echo = print, rerun: str | None = None,
+             systemd_dir: Path | None = None) -> None:
+    """``rerun``: the command that runs this again, every option given (the CLI's
+    :func:`~llmgw_runtime.cli.server_init.rerun_command`), named in every message that
+    says to re-run."""
+    rerun = rerun or "llmgw server init --patroni " + " ".join(hosts_text)
     ssh = ssh or SshTrust()
     store_env = store_env_path(env_path)
 
@@ -238,7 +265,7 @@ def run_init(hosts_text: tuple[str, ...], *, current: Current, env_path: Path,
                           "give the store hosts only")
     playbook, networks, seen = preflight(
         hosts, playbooks=playbooks, env_path=env_path, connection=connection, ssh=ssh,
-        allow=allow, rerun=rerun, echo=echo)
+        allow=allow, rerun=rerun, echo=echo, systemd_dir=systemd_dir)
     pw_path = current.state_dir / patroni.PASSWORDS_FILE
     passwords, created = patroni.load_or_create_passwords(pw_path)
     echo(f"store passwords {'made and kept' if created else 'reused from'} {pw_path} (0600)")

@@ -129,6 +129,8 @@ def judge_ssh(host: StoreHost, rc: int, stderr: str, view: SshView,
         sent = re.search(r"key sent by the remote host is\s+(\S+?)\.?$", text, re.M)
         offending = re.search(r"Offending \S+ key in (.+):(\d+)$", text, re.M)
         where = f"{offending[1]} line {offending[2]}" if offending else view.known_hosts
+        # The old key goes from the file ssh found it in; the new one into the file checked.
+        stale = shlex.quote(offending[1]) if offending else kh
         what = ("is REVOKED" if revoked else
                 f"has CHANGED: it is not the key {where} holds for {view.known_name}")
         return HostKeyProblem(given, "revoked" if revoked else "changed", (
@@ -137,7 +139,7 @@ def judge_ssh(host: StoreHost, rc: int, stderr: str, view: SshView,
             + ". Someone may be impersonating this host (a man-in-the-middle), or it was "
             "reinstalled. Only if you know it was reinstalled: "
             f"compare the new key with its fingerprint {on_host}, then replace the old key: "
-            f"`ssh-keygen -R {shlex.quote(view.known_name)} -f {kh}` and "
+            f"`ssh-keygen -R {shlex.quote(view.known_name)} -f {stale}` and "
             f"`{scan} >> {kh}`"))
     if any(marker in text for marker in _UNKNOWN):
         fingerprints = (f"; it offers {', '.join(offered)}" if offered else "")

@@ -222,7 +222,8 @@ def test_a_cluster_holding_other_rows_is_refused_and_the_env_file_is_untouched(
     assert "already holds other rows" in out and "events: 3 row(s) here, 1 in the cluster" in out
     assert "The control service still uses the old store (sqlite:///" in out
     assert "Empty the cluster database or find out who wrote to it" in out
-    assert "re-run `llmgw server init --patroni me@127.0.0.1 me@localhost`" in out
+    assert "re-run `llmgw server init --patroni me@127.0.0.1 me@localhost --playbooks " in out
+    assert f"--env-file {site['env']} " in out          # every option given, repeated
     assert site["env"].read_bytes() == before
     assert not site["env"].with_name("store.env").exists()
     assert pg_counts(cluster_store, database)["events"] == 1

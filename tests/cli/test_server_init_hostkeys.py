@@ -85,7 +85,8 @@ def _init(tmp_path: Path, server: Sshd, known_hosts: Path, *extra: str) -> Resul
         "server", "--state-dir", str(tmp_path / "state"), "init", "--patroni",
         *_hosts(server), "--env-file", str(tmp_path / "control.env"),
         "--known-hosts", str(known_hosts), "--ssh-key", str(server.client_key),
-        "--playbooks", str(playbooks), "--wait", "0", *extra])
+        "--playbooks", str(playbooks), "--wait", "0",
+        "--systemd-dir", str(playbooks), *extra])     # as if this host ran systemd
 
 
 def _init_env(tmp_path: Path) -> Path:
