@@ -19,6 +19,7 @@ from ..settings import load
 from ..throttle import retry_after
 from .body import _too_large
 from .config import RouterConfig
+from .cors import Cors
 from .errors import (
     ModelNotFound,
     NotControlService,
@@ -89,9 +90,15 @@ _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 
 
 def model_entry(table: RoutesTable, name: str) -> dict[str, Any]:
-    """A model as OpenAI's ``GET /v1/models`` lists it (``api.router.ModelEntry``)."""
+    """A model as OpenAI's ``GET /v1/models`` lists it (``api.router.ModelEntry``): created
+    when it was first applied, the same on every router (from a control service older
+    than ``RouteModel.created``: when this router first saw it)."""
+    canonical = table.canonical(name)
+    route = table.models.get(canonical)
+    created = route.created if route is not None else None
     return {"id": name, "object": "model",
-            "created": table.first_seen.get(table.canonical(name), 0), "owned_by": "llmgw"}
+            "created": table.first_seen.get(canonical, 0) if created is None else created,
+            "owned_by": "llmgw"}
 
 
 def not_control_message(control_url: str) -> str:
@@ -167,6 +174,8 @@ def create_app(config: RouterConfig | None = None) -> Flask:
 
     app.wsgi_app = MetricsMiddleware(  # type: ignore[method-assign]
         ProxiedRoutes(state, app.wsgi_app), state.metrics)
+    if config.cors_origin_set:        # browsers' pages allowed to call it (cors.py)
+        app.wsgi_app = Cors(app.wsgi_app, config.cors_origin_set)  # type: ignore[method-assign]
     return app
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .. import tls
+from .cors import parse_origins
 from .tables.slots import parse_share
 
 
@@ -38,6 +39,17 @@ class RouterConfig:
     # LLMGW_SLOT_SHARE "I/N": this router is router I of N in front of the same replicas
     # and takes its share of each replica's slots (docs/routing.md).
     slot_share: str = "1/1"
+    # LLMGW_CORS_ORIGINS: the web pages (origins, comma separated, or "*" for any) whose
+    # scripts may call the router from a browser (cors.py); none by default.
+    cors_origins: str = ""
+
+    @property
+    def cors_origin_set(self) -> frozenset[str]:
+        """The origins of ``cors_origins``; none when it is malformed (validate() says so)."""
+        try:
+            return parse_origins(self.cors_origins)
+        except ValueError:
+            return frozenset()
 
     @property
     def slot_share_parts(self) -> tuple[int, int]:
@@ -90,6 +102,10 @@ class RouterConfig:
             parse_share(self.slot_share)
         except ValueError as exc:
             problems.append(f"{exc}; set LLMGW_SLOT_SHARE")
+        try:
+            parse_origins(self.cors_origins)
+        except ValueError as exc:
+            problems.append(f"{exc}; set LLMGW_CORS_ORIGINS")
         problems += tls.serving_problems(self.tls_cert, self.tls_key)
         problems += tls.ca_problems(self.ca_file)
         return problems

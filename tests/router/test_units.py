@@ -7,6 +7,7 @@ import pytest
 
 from llmgw_runtime.api.router import Endpoint, RouteModel, Routes
 from llmgw_runtime.errors import ConfigError
+from llmgw_runtime.router.app import model_entry
 from llmgw_runtime.router.balancer import Balancer
 from llmgw_runtime.router.config import RouterConfig
 from llmgw_runtime.router.routes import parse_table
@@ -74,6 +75,18 @@ def test_parse_table_keeps_first_seen_and_rejects_bad_shape() -> None:
     assert t2.api_key_hashes == frozenset({"ab" * 32})
     with pytest.raises(ValueError):
         parse_table({"nope": 1}, 0.0)
+
+
+def test_created_in_v1_models_is_the_same_on_every_router() -> None:
+    # Two routers that first saw the model at different times answer when it was applied.
+    doc = {"models": [{"name": "m", "state": "ready", "aliases": ["m-latest"],
+                       "created": 1_700_000_000}], "api_key_hashes": []}
+    one, other = parse_table(doc, 1_800_000_000.0), parse_table(doc, 1_800_000_555.0)
+    assert model_entry(one, "m") == model_entry(other, "m") == {
+        "id": "m", "object": "model", "created": 1_700_000_000, "owned_by": "llmgw"}
+    assert model_entry(other, "m-latest")["created"] == 1_700_000_000
+    older = parse_table({"models": [{"name": "m", "state": "ready"}]}, 1_800_000_000.0)
+    assert model_entry(older, "m")["created"] == 1_800_000_000   # an older control service
 
 
 def _table_with(model: dict[str, object] | None = None, endpoint: dict[str, object] | None = None,
