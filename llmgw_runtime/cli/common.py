@@ -45,7 +45,8 @@ def show(data: Any, rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: 
          optional: Sequence[int] = ()) -> None:
     """``emit`` with every cell of a table through ``text.printable`` (a name with an
     escape sequence shows as ``\\x1b[2J``, it does not clear the screen); JSON as is.
-    One line per row, fitted to the terminal: ``optional`` columns go first."""
+    Fitted to the terminal, long text wrapped onto following lines (``output.table``):
+    ``optional`` columns go first."""
     safe = [[printable(c) if isinstance(c, str) else c for c in row] for row in rows]
     emit(data, safe, headers, fmt, optional=optional)
 

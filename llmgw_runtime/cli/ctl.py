@@ -199,7 +199,7 @@ def replicas(ctx: click.Context, fmt: str) -> None:
              telling(r["last_error"]))
             for r in data["replicas"]]
     show(data, rows, ("REPLICA", "MODEL", "NODE:DEVICES", "PORT", "STATE", "STARTED",
-                      "LAST USED", "LAST ERROR"), fmt, optional=(3, 5))
+                      "LAST USED", "LAST ERROR"), fmt, optional=(3, 5, 6))
 
 
 def where(replica: dict[str, Any]) -> str:

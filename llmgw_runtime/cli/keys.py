@@ -139,7 +139,7 @@ def keys_list(ctx: click.Context, fmt: str) -> None:
     minute, - for none) and age (never the keys: only their hashes are kept)."""
     data = client(ctx).get("/api/v1/keys", answer=messages.Keys)
     show(data, [(k["name"], k.get("priority", "normal"),
-                 "all" if k.get("models") is None else ",".join(k["models"]),
+                 "all" if k.get("models") is None else ", ".join(k["models"]),
                  expiry_text(k), *limits_text(k), ago(k["created"]))
                 for k in data["keys"]],
          ("NAME", "PRIORITY", "MODELS", "EXPIRES", "RPM", "TPM", "CREATED"), fmt)

@@ -15,7 +15,7 @@ def test_create_a_scoped_expiring_key_then_lift_both(control: str) -> None:  # n
     code, out = ctl(control, "keys", "list")
     header, row = out.splitlines()[0].split(), out.splitlines()[1].split()
     assert header == ["NAME", "PRIORITY", "MODELS", "EXPIRES", "RPM", "TPM", "CREATED"]
-    assert row[:6] == ["app", "normal", "chat,embed", "in", "29", "d"]
+    assert row[:7] == ["app", "normal", "chat,", "embed", "in", "29", "d"]
     code, out = ctl(control, "keys", "set", "app", "--models", "all", "--expires", "never")
     assert code == 0 and "API key app: models all; expires never" in out
     [key] = json.loads(ctl(control, "keys", "list", "-o", "json")[1])["keys"]
