@@ -16,6 +16,31 @@ PREFIXES = {"admin": "llmgw-admin-", "api_key": "sk-llmgw-", "join": "llmgw-join
             "router": "llmgw-router-", "node": "llmgw-node-"}
 
 
+# An operator-chosen token (LLMGW_ADMIN_TOKEN, LLMGW_JOIN_TOKEN, LLMGW_ROUTER_TOKEN): at
+# least this long, with at least MIN_TOKEN_DISTINCT different characters. Generated ones
+# (new_token) are 44 random characters after their prefix.
+MIN_TOKEN_CHARS = 24
+MIN_TOKEN_DISTINCT = 8
+MAKE_TOKEN = ("make one with `openssl rand -hex 24`, or use the one the control service "
+              "generates when its own setting is unset (shown once at its first start; "
+              "`llmgw up` keeps its own in .llmgw/secrets/)")
+
+
+def token_problem(setting: str, token: str) -> str | None:
+    """Why ``token``, the value of ``setting``, is too weak to guard the cluster, or None
+    (also when it is empty: whether it is required is the caller's rule). The message
+    never shows the token."""
+    if not token:
+        return None
+    if len(token) < MIN_TOKEN_CHARS:
+        return (f"{setting} is too short ({len(token)} characters): use at least "
+                f"{MIN_TOKEN_CHARS} random characters; {MAKE_TOKEN}")
+    if len(set(token)) < MIN_TOKEN_DISTINCT:
+        return (f"{setting} repeats too few characters ({len(set(token))} different): use "
+                f"at least {MIN_TOKEN_DISTINCT} different ones, random; {MAKE_TOKEN}")
+    return None
+
+
 def new_token(kind: str) -> str:
     """A fresh random token whose prefix names its kind (``admin``, ``api_key`` ...)."""
     return PREFIXES[kind] + secrets.token_urlsafe(32)

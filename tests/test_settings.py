@@ -41,7 +41,8 @@ def test_unprefixed_variables_are_ignored() -> None:
 
 @pytest.mark.parametrize("argv, env, says", [
     (["agent", "--devices", "bogus"],
-     {"LLMGW_CONTROL_URL": "http://127.0.0.1:9", "LLMGW_JOIN_TOKEN": "x"},
+     {"LLMGW_CONTROL_URL": "http://127.0.0.1:9",
+      "LLMGW_JOIN_TOKEN": "llmgw-join-test-0123456789abcdef"},
      "Error: the agent's settings are not valid\n  - devices 'bogus' is unknown; use auto, "),
     (["server", "migrate"], {"LLMGW_PORT": "x"},
      "Error: the control service's settings are not valid\n  - LLMGW_PORT='x' is not an "

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import settings, tls
 from ..devices import SOURCES
-from ..security import private_dir
+from ..security import private_dir, token_problem
 
 
 def _default_state_dir() -> Path:
@@ -53,6 +53,7 @@ class AgentConfig:
         if not self.join_token:
             problems.append("join_token is required; set LLMGW_JOIN_TOKEN to the cluster's "
                             "join token (llmgw-join-...)")
+        problems += filter(None, [token_problem("LLMGW_JOIN_TOKEN", self.join_token)])
         if not self.node_name.strip():
             problems.append("node_name must not be empty")
         kind = self.devices.partition(":")[0]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import tls
+from ..security import token_problem
 
 
 def default_state_dir() -> Path:
@@ -92,6 +93,9 @@ class ControlConfig:
             _ = self.agent_network_list
         except ValueError as exc:
             problems.append(f"LLMGW_AGENT_NETWORKS={self.agent_networks!r}: {exc}")
+        problems += [p for p in (token_problem(f"LLMGW_{name.upper()}", getattr(self, name))
+                                 for name in ("admin_token", "join_token", "router_token"))
+                     if p]
         problems += tls.serving_problems(self.tls_cert, self.tls_key)
         problems += tls.ca_problems(self.ca_file)
         url = self.database_url

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .. import tls
+from ..security import token_problem
 from .cors import parse_origins
 from .tables.slots import parse_share
 
@@ -82,6 +83,7 @@ class RouterConfig:
         if not self.router_token:
             problems.append("router_token is required: set LLMGW_ROUTER_TOKEN to the cluster's "
                             "router token (llmgw-router-...)")
+        problems += filter(None, [token_problem("LLMGW_ROUTER_TOKEN", self.router_token)])
         if not 0 <= self.port <= 65535:
             problems.append(f"port {self.port} is out of range; use 1-65535 (0 picks a free one)")
         if self.workers < 1:

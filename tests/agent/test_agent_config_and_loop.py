@@ -13,7 +13,7 @@ from llmgw_runtime.errors import ConfigError
 
 def config(tmp_path: Path, **over: object) -> AgentConfig:
     values: dict[str, object] = {
-        "control_url": f"http://127.0.0.1:{free_port()}", "join_token": "llmgw-join-secret",
+        "control_url": f"http://127.0.0.1:{free_port()}", "join_token": "llmgw-join-secret-0123456789abcdef",
         "node_name": "node-a", "state_dir": tmp_path / "state", "devices": "cpu",
         "report_interval_s": 0.05}
     values.update(over)
@@ -30,7 +30,7 @@ def test_missing_control_url_and_join_token_are_reported_together() -> None:
 def test_config_comes_from_llmgw_environment(monkeypatch: pytest.MonkeyPatch,
                                              tmp_path: Path) -> None:
     monkeypatch.setenv("LLMGW_CONTROL_URL", "http://127.0.0.1:8470")
-    monkeypatch.setenv("LLMGW_JOIN_TOKEN", "llmgw-join-abc")
+    monkeypatch.setenv("LLMGW_JOIN_TOKEN", "llmgw-join-abc-0123456789abcdef")
     monkeypatch.setenv("LLMGW_WEIGHTS_DIRS", "/a, /b")
     monkeypatch.setenv("LLMGW_STATE_DIR", str(tmp_path))
     monkeypatch.setenv("LLMGW_STOP_ENGINES_ON_EXIT", "true")
@@ -38,7 +38,7 @@ def test_config_comes_from_llmgw_environment(monkeypatch: pytest.MonkeyPatch,
     assert cfg.weights_dirs == ("/a", "/b") and cfg.state_dir == tmp_path
     assert cfg.stop_engines_on_exit is True and cfg.devices == "none"
     assert cfg.run_dir == tmp_path / "run"
-    assert "llmgw-join-abc" not in repr(cfg)
+    assert "llmgw-join-abc-0123456789abcdef" not in repr(cfg)
 
 
 def test_bad_values_are_each_named(monkeypatch: pytest.MonkeyPatch) -> None:

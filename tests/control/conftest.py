@@ -17,7 +17,8 @@ from llmgw_runtime.control.config import ControlConfig
 from llmgw_runtime.control.reconcile import Reconciler
 from llmgw_runtime.store import Store
 
-ADMIN, JOIN, ROUTER = "llmgw-admin-test", "llmgw-join-test", "llmgw-router-test"
+ADMIN, JOIN, ROUTER = ("llmgw-admin-test-0123456789abcdef", "llmgw-join-test-0123456789abcdef",
+                       "llmgw-router-test-0123456789abcdef")
 CPU = {"id": 0, "uuid": "cpu-host", "card": 0, "mig": None, "class": "cpu",
        "memory_total_mb": 16000, "memory_used_mb": 1000, "healthy": True, "reason": None}
 

@@ -27,7 +27,7 @@ from tests.control.conftest import ADMIN, JOIN, ROUTER, served
 
 
 def config(**over: object) -> AgentConfig:
-    base: dict[str, object] = {"control_url": "http://127.0.0.1:1", "join_token": "x",
+    base: dict[str, object] = {"control_url": "http://127.0.0.1:1", "join_token": JOIN,
                                "devices": "nvml"}
     base.update(over)
     return AgentConfig(**base)  # type: ignore[arg-type]
@@ -205,7 +205,7 @@ def test_an_installed_agent_s_env_file_is_what_is_checked(tmp_path: Path) -> Non
     devices.write_text("devices:\n  - {uuid: GPU-1, class: h100-80g, memory_total_mb: 81559}\n")
     env = tmp_path / "agent.env"
     env.write_text(f"# Managed by Ansible\nLLMGW_CONTROL_URL=http://127.0.0.1:1\n"
-                   f"LLMGW_JOIN_TOKEN=llmgw-join-secret\nLLMGW_DEVICES=fake:{devices}\n"
+                   f"LLMGW_JOIN_TOKEN=llmgw-join-secret-0123456789abcdef\nLLMGW_DEVICES=fake:{devices}\n"
                    f"LLMGW_WEIGHTS_DIRS={tmp_path / 'no-such-dir'}\nLLMGW_CA_FILE=\n")
     code, report = doctor_json("--env-file", str(env))
     assert code == 2                                     # the control service is not there

@@ -24,7 +24,7 @@ from fake_control import FakeControl  # noqa: E402
 
 from llmgw_runtime.security import hash_token  # noqa: E402
 
-ROUTER_TOKEN = "llmgw-router-test-token"
+ROUTER_TOKEN = "llmgw-router-test-token-0123456789"    # passes the strength check
 API_KEY = "sk-llmgw-test-key"
 
 

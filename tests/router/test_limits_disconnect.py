@@ -15,7 +15,7 @@ import pytest
 
 from llmgw_runtime.security import hash_token
 
-from .conftest import model, table
+from .conftest import ROUTER_TOKEN, model, table
 from .usage_support import UsageControl, router_at
 
 KEY = "sk-llmgw-limit-greedy"
@@ -26,7 +26,7 @@ TPM = 120
 def router(engines: dict[str, str]) -> Iterator[tuple[str, UsageControl]]:
     routes = table(model("chat", endpoints=[("r-e1", engines["e1"])]), keys=[KEY])
     routes["key_limits"] = {hash_token(KEY): {"name": "greedy", "tpm": TPM}}
-    ctl = UsageControl(routes, "llmgw-router-test-token").start()
+    ctl = UsageControl(routes, ROUTER_TOKEN).start()
     try:
         with router_at(ctl.url, workers=2) as url:
             yield url, ctl

@@ -94,7 +94,7 @@ def router_log(tmp_path: Path, choice: str) -> tuple[LlmgwProcess, str]:
     router = LlmgwProcess("router", ["router", "--host", "127.0.0.1", "--port",
                                      str(free_port()), "--workers", "1"],
                           {"LLMGW_CONTROL_URL": "http://127.0.0.1:1",
-                           "LLMGW_ROUTER_TOKEN": "relay-test", "LLMGW_ROUTER_RELAY": choice},
+                           "LLMGW_ROUTER_TOKEN": "llmgw-router-relay-test-0123456789", "LLMGW_ROUTER_RELAY": choice},
                           tmp_path)
     try:
         wait_until(lambda: "relay loop" in router.log.read_text(errors="replace")

@@ -14,6 +14,8 @@ from llmgw_runtime.router.routes import parse_table
 from llmgw_runtime.router.serve import gunicorn_options
 from llmgw_runtime.settings import load
 
+from .conftest import ROUTER_TOKEN
+
 E1, E2 = (Endpoint(replica_id=f"r{i}", url=f"http://127.0.0.1:{9000 + i}") for i in (1, 2))
 
 
@@ -25,7 +27,7 @@ def test_config_requires_control_url_and_token_and_reports_both() -> None:
 
 
 def test_config_reads_llmgw_env_and_flags_win() -> None:
-    env = {"LLMGW_CONTROL_URL": "http://127.0.0.1:8470", "LLMGW_ROUTER_TOKEN": "t",
+    env = {"LLMGW_CONTROL_URL": "http://127.0.0.1:8470", "LLMGW_ROUTER_TOKEN": ROUTER_TOKEN,
            "LLMGW_WORKERS": "4", "LLMGW_REQUIRE_API_KEY": "false"}
     cfg = load(RouterConfig, env=env, port=9999)
     assert (cfg.workers, cfg.require_api_key, cfg.port) == (4, False, 9999)
@@ -33,7 +35,7 @@ def test_config_reads_llmgw_env_and_flags_win() -> None:
 
 
 def test_config_refuses_bad_values_all_at_once() -> None:
-    cfg = RouterConfig(control_url="ftp://x", router_token="t", workers=0,
+    cfg = RouterConfig(control_url="ftp://x", router_token=ROUTER_TOKEN, workers=0,
                        refresh_interval_s=0)
     problems = cfg.validate()
     assert len(problems) == 3
