@@ -11,13 +11,14 @@
 #
 # Usage: scripts/build-llama-cpp.sh           build when missing; print the bin directory
 #        scripts/build-llama-cpp.sh --cached  print it when built, else exit 3 (no build)
-# The pin (version, sha256, cmake flags) lives in scripts/llama-cpp.pin; the Ansible engines
+# The pin (version, sha256, the llama.cpp commit the sdist vendors, cmake flags) lives in
+# scripts/llama-cpp.pin; the Ansible engines
 # role's defaults hold the same values (tests/engines/test_llamacpp_build.py compares them).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=/dev/null
-. "$here/llama-cpp.pin"   # LLAMA_CPP_PY_VERSION, LLAMA_CPP_PY_SHA256, LLAMA_CPP_CMAKE_FLAGS
+. "$here/llama-cpp.pin"   # LLAMA_CPP_PY_VERSION, LLAMA_CPP_PY_SHA256, LLAMA_CPP_COMMIT, LLAMA_CPP_CMAKE_FLAGS
 
 py="${LLMGW_PYTHON:-}"
 if [ -z "$py" ]; then
@@ -74,7 +75,13 @@ if [ ! -f "$sdist" ] || ! echo "$LLAMA_CPP_PY_SHA256  $sdist" | sha256sum -c --s
   mv "$work/dl/llama_cpp_python-$LLAMA_CPP_PY_VERSION.tar.gz" "$sdist"
 fi
 
-echo "build-llama-cpp: building llama-server and ggml-rpc-server ($key, -j$jobs; about 13 minutes on 2 cores)" >&2
+# The llama.cpp commit the sdist vendors (its git metadata for the submodule): the pin's.
+vendored="$(tar -xzOf "$sdist" "llama_cpp_python-$LLAMA_CPP_PY_VERSION/.git/modules/vendor/llama.cpp/HEAD" 2>/dev/null | tr -d '[:space:]' || true)"
+if [ -n "$vendored" ] && [ "$vendored" != "$LLAMA_CPP_COMMIT" ]; then
+  echo "build-llama-cpp: llama-cpp-python $LLAMA_CPP_PY_VERSION vendors llama.cpp commit $vendored, not LLAMA_CPP_COMMIT=$LLAMA_CPP_COMMIT (scripts/llama-cpp.pin): correct the pin" >&2
+  exit 1
+fi
+echo "build-llama-cpp: building llama-server and ggml-rpc-server ($key: llama-cpp-python $LLAMA_CPP_PY_VERSION, llama.cpp commit ${LLAMA_CPP_COMMIT:0:9}; -j$jobs; about 13 minutes on 2 cores)" >&2
 tar -xzf "$sdist" -C "$work" "llama_cpp_python-$LLAMA_CPP_PY_VERSION/vendor/llama.cpp"
 src="$work/llama_cpp_python-$LLAMA_CPP_PY_VERSION/vendor/llama.cpp"
 # shellcheck disable=SC2086  # the flags are a word list
@@ -90,10 +97,10 @@ cp "$work/build/bin/llama-server" "$work/build/bin/ggml-rpc-server" "$work/out/b
 elapsed=$(( $(date +%s) - started ))
 cat >"$work/out/build-info.json" <<EOF
 {"source": "llama-cpp-python", "version": "$LLAMA_CPP_PY_VERSION", "sha256": "$LLAMA_CPP_PY_SHA256",
- "cmake_flags": "$LLAMA_CPP_CMAKE_FLAGS", "rpc": true, "build_seconds": $elapsed,
+ "llama_cpp_commit": "$LLAMA_CPP_COMMIT", "cmake_flags": "$LLAMA_CPP_CMAKE_FLAGS", "rpc": true, "build_seconds": $elapsed,
  "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"}
 EOF
 rm -rf "$dest"   # a partial directory can only come from an interrupted older layout
 mv "$work/out" "$dest"
-echo "build-llama-cpp: built $key in ${elapsed}s into $dest" >&2
+echo "build-llama-cpp: built $key (llama.cpp commit ${LLAMA_CPP_COMMIT:0:9}) in ${elapsed}s into $dest" >&2
 echo "$dest/bin"

