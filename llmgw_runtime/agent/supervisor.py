@@ -369,40 +369,52 @@ class Supervisor:
                 self.start(assignment)
 
     # -- adopt -------------------------------------------------------------------------
+    def read_record(self, path: Path) -> Replica | None:
+        """The engine a record of ``run_dir`` describes; an unreadable record is removed
+        (with its log) and gives None."""
+        now = self.clock()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            start = data.get("proc_start")
+            return Replica(replica_id=str(data["replica_id"]), model=str(data["model"]),
+                           engine=str(data.get("engine", "")),
+                           host=str(data.get("host", self.host)),
+                           port=int(data["port"]) if data.get("port") is not None else None,
+                           pid=int(data["pid"]),
+                           proc_start=int(start) if start is not None else None,
+                           argv=list(data.get("argv", [])),
+                           health_path=str(data.get("health_path", "/health")),
+                           health=str(data.get("health", "http")),
+                           started=float(data.get("started", now)), since=now)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("removing unreadable engine record %s: %s", path, exc)
+            self._remove_files(path.stem)
+            return None
+
+    @staticmethod
+    def recorded_alive(rep: Replica) -> bool:
+        """Whether a recorded engine still runs: its pid alive with the recorded start time
+        (a guard against pid reuse)."""
+        return rep.pid is not None and rep.proc_start is not None \
+            and pid_alive(rep.pid, rep.proc_start)
+
     def adopt(self) -> list[str]:
         """Find engines a previous agent started: a record whose pid is alive with the same
         start time is adopted (health decides starting/ready); other records are removed."""
         adopted: list[str] = []
-        now = self.clock()
         for path in sorted(self.run_dir.glob("*.json")):
-            rid = path.stem
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                pid = int(data["pid"])
-                port = int(data["port"]) if data.get("port") is not None else None
-                start = data.get("proc_start")
-                rep = Replica(replica_id=str(data["replica_id"]), model=str(data["model"]),
-                              engine=str(data.get("engine", "")),
-                              host=str(data.get("host", self.host)), port=port, pid=pid,
-                              proc_start=int(start) if start is not None else None,
-                              argv=list(data.get("argv", [])),
-                              health_path=str(data.get("health_path", "/health")),
-                              health=str(data.get("health", "http")),
-                              started=float(data.get("started", now)), since=now)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("removing unreadable engine record %s: %s", path, exc)
-                self._remove_files(rid)
+            rep = self.read_record(path)
+            if rep is None or rep.replica_id in self._replicas:
                 continue
-            if rep.replica_id in self._replicas:
-                continue
-            if rep.proc_start is not None and pid_alive(pid, rep.proc_start):
+            if self.recorded_alive(rep):
                 self._replicas[rep.replica_id] = rep
                 adopted.append(rep.replica_id)
                 log.info("adopted replica %s (%s) pid %s port %s", rep.replica_id, rep.model,
-                         pid, port)
+                         rep.pid, rep.port)
             else:
-                log.info("removing stale record of replica %s (pid %s is gone)", rid, pid)
-                self._remove_files(rid)
+                log.info("removing stale record of replica %s (pid %s is gone)",
+                         rep.replica_id, rep.pid)
+                self._remove_files(rep.replica_id)
         for logfile in self.run_dir.glob("*.log"):
             if logfile.stem not in self._replicas:
                 logfile.unlink(missing_ok=True)
@@ -411,9 +423,20 @@ class Supervisor:
 
 
 def stop_recorded_engines(state_dir: str | Path) -> list[str]:
-    """Stop every engine recorded under ``state_dir/run`` that is still alive (used by
-    ``llmgw up`` after its agent exits, in case the agent could not stop them itself)."""
+    """Stop every engine recorded under ``state_dir/run`` that is still alive and remove
+    the records and logs (``llmgw up`` after its agent exits: the agent leaves its engines
+    for the next one). Returns ``replica (model)`` of each engine stopped. It neither adopts
+    nor checks health, so nothing it logs reads like a start."""
     sup = Supervisor(Path(state_dir) / "run", {})
-    adopted = sup.adopt()
-    sup.stop_all()
-    return adopted
+    stopped: list[str] = []
+    for path in sorted(sup.run_dir.glob("*.json")):
+        rep = sup.read_record(path)
+        if rep is None:
+            continue
+        if sup.recorded_alive(rep):
+            sup._terminate(rep)
+            stopped.append(f"{rep.replica_id} ({rep.model})")
+        sup._remove_files(rep.replica_id)
+    for logfile in sup.run_dir.glob("*.log"):
+        logfile.unlink(missing_ok=True)
+    return stopped

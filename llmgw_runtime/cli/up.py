@@ -1,14 +1,14 @@
 """``llmgw up``: the all-in-one on one machine. Control service, router and one agent run as
 child processes talking HTTP, exactly as on a cluster; SQLite in the state directory; a
-demo catalog serving SmolLM2-135M-Instruct on the CPU. A child that dies is restarted with
-backoff (``supervise.py``); engines outlive an agent restart (the new agent adopts them).
-Ctrl-C stops everything, engines included."""
+demo catalog serving SmolLM2-135M-Instruct on the CPU, applied to a fresh state only (a
+model that exists stays as applied). A child that dies is restarted with backoff
+(``supervise.py``); engines outlive an agent restart (the new agent adopts them). Ctrl-C
+stops everything, engines included. What it prints is ``up_text.py``'s."""
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
-import json
 import os
 import signal
 import socket
@@ -20,15 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 
 from ..control.config import default_state_dir
 from ..doctor.local import ENV_FILE as AGENT_ENV_FILE
 from ..security import new_token, private_dir
 from .client import DEFAULT_URL, URL_FILE, Client
 from .supervise import RestartPolicy, Supervised, log_since
+from .up_text import DEMO_MODEL, Commands, banner, demo_seed, model_line, own_commands
 
-DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+KEPT_CATALOG = "catalog.yaml"      # the demo catalog as first applied, in the state dir
 
 
 def _secret(path: Path, kind: str) -> str:
@@ -79,12 +81,14 @@ def forget_control_url(state: Path, url: str) -> None:
         pass
 
 
-def ctl_command(control_url: str, state: Path) -> str:
-    """The exact `llmgw ctl status` for this run: ctl reads the admin token and the URL
-    from the state directory, so ``--url`` only when the port is not the default and
-    LLMGW_STATE_DIR only when ctl would not look in ``state`` by itself."""
-    command = "llmgw ctl" + (f" --url {control_url}" if control_url != DEFAULT_URL else "") \
-        + " status"
+def ctl_command(control_url: str, state: Path, command: str = "status",
+                llmgw: str = "llmgw") -> str:
+    """The exact `llmgw ctl COMMAND` for this run (``llmgw``: how the user runs llmgw):
+    ctl reads the admin token and the URL from the state directory, so ``--url`` only when
+    the port is not the default and LLMGW_STATE_DIR only when ctl would not look in
+    ``state`` by itself. No COMMAND: the prefix."""
+    command = f"{llmgw} ctl" + (f" --url {control_url}" if control_url != DEFAULT_URL else "") \
+        + (f" {command}" if command else "")
     if default_state_dir().resolve() != state.resolve():
         command = f"LLMGW_STATE_DIR={state} {command}"
     return command
@@ -105,7 +109,7 @@ def write_agent_env(state: Path, control_url: str) -> dict[str, str]:
 def stored_catalog(state: Path, given: Path | None) -> str:
     """The catalog to apply: ``given``, else the one kept in the state dir, else the demo
     catalog (then kept there); the kept file is 0600."""
-    catalog_file = state / "catalog.yaml"
+    catalog_file = state / KEPT_CATALOG
     if given is not None:
         return given.read_text()
     if catalog_file.is_file():
@@ -116,6 +120,33 @@ def stored_catalog(state: Path, given: Path | None) -> str:
                    "w") as fh:
         fh.write(text)
     return text
+
+
+def seeded_names(text: str) -> list[str]:
+    """The model names a catalog text lists (for the line `up` prints; the control
+    service checks the catalog itself)."""
+    try:
+        models = (yaml.safe_load(text) or {}).get("models") or []
+        return [str(m["name"]) for m in models if isinstance(m, dict) and "name" in m]
+    except (yaml.YAMLError, AttributeError, TypeError):
+        return []
+
+
+def apply_catalog(admin: Client, state: Path, given: Path | None) -> str:
+    """Apply ``given``, or seed a fresh state (no model in the store) with the kept demo
+    catalog; a model that exists is never updated nor deleted by the demo catalog.
+    Returns the line to print."""
+    if given is not None:
+        admin.request("PUT", "/api/v1/catalog", given.read_text().encode(), "application/yaml")
+        return f"catalog {given} applied"
+    existing = [m["name"] for m in admin.get("/api/v1/models")["models"]]
+    kept = state / KEPT_CATALOG
+    seed, line = demo_seed(existing, seeded_names(kept.read_text()) if kept.is_file()
+                           else [DEMO_MODEL])
+    if seed:
+        admin.request("PUT", "/api/v1/catalog", stored_catalog(state, None).encode(),
+                      "application/yaml")
+    return line
 
 
 def demo_model_path() -> Path:
@@ -221,10 +252,11 @@ def _wait_http(url: str, child: Child, timeout: float) -> None:
                                f" see {child.log}")
 
 
-def _wait_ready(admin: Client, children: list[Child], timeout: float,
-                settle_s: float = 10.0) -> list[dict[str, Any]]:
+def _wait_ready(admin: Client, children: list[Child], timeout: float, since: float,
+                ctl: str, settle_s: float = 10.0) -> list[dict[str, Any]]:
     """Until no model is starting; ``unplaceable`` counts as not decided yet for
-    ``settle_s`` after the agent's first report (the reason may predate the report)."""
+    ``settle_s`` after this run's agent first reported (at ``since`` or later, wall clock:
+    a report of the previous run says nothing of the engines now)."""
     deadline = time.monotonic() + timeout
     shown: dict[str, str] = {}
     reported: float | None = None
@@ -233,7 +265,8 @@ def _wait_ready(admin: Client, children: list[Child], timeout: float,
             if not child.alive():
                 raise click.ClickException(f"the {child.name} exited:\n{child.tail()}")
         if reported is None:
-            if not any(n["last_report"] for n in admin.get("/api/v1/nodes")["nodes"]):
+            if not any((n["last_report"] or 0) >= since
+                       for n in admin.get("/api/v1/nodes")["nodes"]):
                 time.sleep(0.2)     # until the agent reports, every model looks unplaceable
                 continue
             reported = time.monotonic()
@@ -242,9 +275,9 @@ def _wait_ready(admin: Client, children: list[Child], timeout: float,
         for m in models:
             if settling and m["state"] == "unplaceable":
                 continue
-            line = m["state"] + (f": {m['reason']}" if m["reason"] else "")
+            line = model_line(m, f"{ctl} models -o json")
             if shown.get(m["name"]) != line:
-                click.echo(f"llmgw: model {m['name']} is {line}")
+                click.echo(line)
                 shown[m["name"]] = line
         waiting = [m for m in models if m["state"] in ("starting", "activating")
                    or (settling and m["state"] == "unplaceable")]
@@ -252,31 +285,7 @@ def _wait_ready(admin: Client, children: list[Child], timeout: float,
             return list(models)
         time.sleep(0.5)
     raise click.ClickException(f"models not ready within {timeout:.0f} s; see "
-                               "`llmgw ctl models` and `llmgw ctl events`")
-
-
-def _banner(router_url: str, admin_token: str, models: list[dict[str, Any]],
-            control_url: str = DEFAULT_URL, ctl: str = "llmgw ctl status") -> str:
-    name = next((m["name"] for m in models if m["state"] == "ready"),
-                models[0]["name"] if models else DEMO_MODEL)
-    body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}]})
-    return f"""
-llmgw is up.
-  router (OpenAI API):  {router_url}/v1
-  admin token:          {admin_token}
-  web console:          {control_url}/console/  (log in with the admin token)
-  models:               {', '.join(m['name'] + ' (' + m['state'] + ')' for m in models)}
-
-Try it:
-  curl -s {router_url}/v1/chat/completions -H 'Content-Type: application/json' \\
-       -d '{body}'
-
-  python -c "import openai; c = openai.OpenAI(base_url='{router_url}/v1', api_key='none'); \\
-print(c.chat.completions.create(model='{name}', messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
-
-  {ctl}        (the admin token and URL are read from the state directory)
-A process that dies is restarted; Ctrl-C stops everything.
-"""
+                               f"`{ctl} models` and `{ctl} events`")
 
 
 @click.command()
@@ -288,12 +297,16 @@ A process that dies is restarted; Ctrl-C stops everything.
 @click.option("--control-port", type=int, default=8470, show_default=True)
 @click.option("--router-port", type=int, default=8480, show_default=True)
 @click.option("--ready-timeout", type=float, default=300.0, show_default=True)
+@click.option("--require-api-key/--no-require-api-key", default=False,
+              envvar="LLMGW_REQUIRE_API_KEY", show_default=True,
+              help="whether the router needs an API key on every request (`llmgw ctl keys "
+                   "create`) [$LLMGW_REQUIRE_API_KEY]")
 def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
-       router_port: int, ready_timeout: float) -> None:
-    """Run llmgw on this machine: control service, router and agent, with a demo model."""
+       router_port: int, ready_timeout: float, require_api_key: bool) -> None:
+    """Run llmgw on this machine: control service, router and agent, with a demo model
+    (added to a fresh state only)."""
     state = (state_dir or default_state_dir()).resolve()
     logs, tokens = prepare_state(state)
-    catalog_text = stored_catalog(state, catalog_path)
     host = "127.0.0.1"
     for name, port in (("control service", control_port), ("router", router_port)):
         if not _port_free(host, port):
@@ -302,6 +315,8 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
                 f"running? Stop it, or pass --{name.split()[0]}-port")
     control_url = f"http://{host}:{control_port}"
     router_url = f"http://{host}:{router_port}"
+    python, llmgw = own_commands(sys.executable, Path.cwd())
+    commands = Commands(python, llmgw, ctl_command(control_url, state, "", llmgw))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
     env.update(LLMGW_ADMIN_TOKEN=tokens["admin"], LLMGW_JOIN_TOKEN=tokens["join"],
                LLMGW_ROUTER_TOKEN=tokens["router"], PYTHONUNBUFFERED="1")
@@ -328,20 +343,23 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
         _wait_http(control_url + "/healthz", control.proc, 60)
         write_control_url(state, control_url)
         admin = Client(control_url, tokens["admin"])
-        admin.request("PUT", "/api/v1/catalog", catalog_text.encode(), "application/yaml")
+        click.echo(f"llmgw: {apply_catalog(admin, state, catalog_path)}")
         router = supervise("router", [
             "router", "--control-url", control_url, "--host", host, "--port",
-            str(router_port), "--workers", "1", "--no-require-api-key"], "router.log")
+            str(router_port), "--workers", "1",
+            "--require-api-key" if require_api_key else "--no-require-api-key"], "router.log")
         # Without --stop-engines-on-exit: an agent that dies leaves its engines serving and
         # the restarted one adopts them; at the end `up` stops the engines itself.
         agent = write_agent_env(state, control_url)
+        agent_started = time.time()
         supervise("agent", [
             "agent", "--control-url", agent["LLMGW_CONTROL_URL"], "--state-dir",
             agent["LLMGW_STATE_DIR"], "--devices", agent["LLMGW_DEVICES"]], "agent.log")
         _wait_http(router_url + "/healthz", router.proc, 60)
-        models = _wait_ready(admin, [c.proc for c in children], ready_timeout)
-        click.echo(_banner(router_url, tokens["admin"], models, control_url,
-                           ctl_command(control_url, state)))
+        models = _wait_ready(admin, [c.proc for c in children], ready_timeout,
+                             agent_started - 1.0, commands.ctl)
+        click.echo(banner(router_url, tokens["admin"], models, control_url=control_url,
+                          commands=commands, require_key=require_api_key))
         while True:
             now = time.monotonic()
             for child in children:
@@ -355,7 +373,9 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
         for child in reversed(children):      # the agent first: nothing restarts engines
             child.proc.stop()
         from ..agent.supervisor import stop_recorded_engines
-        stop_recorded_engines(state / "agent")
+        stopped = stop_recorded_engines(state / "agent")
+        if stopped:
+            click.echo(f"llmgw: stopped {len(stopped)} engine(s): {', '.join(stopped)}")
         forget_control_url(state, control_url)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)

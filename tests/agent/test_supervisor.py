@@ -17,6 +17,7 @@ import urllib3
 
 from llmgw_runtime.agent import Supervisor
 from llmgw_runtime.agent.procs import pid_alive, proc_start_time
+from llmgw_runtime.agent.supervisor import stop_recorded_engines
 from llmgw_runtime.engines import drivers_from_config
 from tests.support.tiny_gguf import write_tiny_gguf
 
@@ -174,6 +175,30 @@ def test_stale_records_are_cleaned_at_adoption(tmp_path: Path) -> None:
     assert sup.adopt() == []
     assert sup.states() == []
     assert list(run_dir.iterdir()) == []
+
+
+def test_up_stops_the_engines_its_agent_left_without_lines_that_read_like_a_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`llmgw up` at Ctrl-C: the engines the agent left are stopped, the records and logs
+    removed, and nothing printed says "adopted replica" or "is ready"."""
+    engine = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / "r-left.json").write_text(json.dumps({
+            "replica_id": "r-left", "model": "tiny", "pid": engine.pid, "port": 1,
+            "argv": [], "started": 0, "proc_start": proc_start_time(engine.pid)}))
+        (run_dir / "r-left.log").write_text("engine output\n")
+        caplog.set_level("DEBUG")
+        assert stop_recorded_engines(tmp_path) == ["r-left (tiny)"]
+        assert engine.wait(5) == -signal.SIGTERM
+        assert list(run_dir.iterdir()) == []
+        said = " | ".join(r.getMessage() for r in caplog.records)
+        assert "adopted" not in said and "ready" not in said and "started" not in said, said
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait(5)
 
 
 def test_missing_weights_are_fetched_first_and_progress_is_reported(

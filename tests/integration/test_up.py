@@ -1,21 +1,25 @@
 """`llmgw up`: the all-in-one serves SmolLM2 through the OpenAI API, Ctrl-C leaves no
-process behind, a second run reuses the state, and a child that dies is restarted (an
-agent's engines keep serving)."""
+process behind, a second run reuses the state (and keeps what was applied to the demo
+model; the stop was no failed start), and a child that dies is restarted (an agent's
+engines keep serving)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 import requests
+import yaml
 from click.testing import CliRunner
 
 from llmgw_runtime.cli.client import Client
 from llmgw_runtime.cli.main import cli
+from llmgw_runtime.cli.up_text import own_commands
 from tests.integration.conftest import tiny_catalog
 from tests.support.procs import LlmgwProcess, descendants, free_port, pid_alive, wait_until
 
@@ -23,10 +27,11 @@ pytestmark = pytest.mark.slow
 
 
 def start_up(state: Path, control_port: int, router_port: int,
-             name: str = "up", extra: list[str] | None = None) -> LlmgwProcess:
+             name: str = "up", extra: list[str] | None = None,
+             env: dict[str, str] | None = None) -> LlmgwProcess:
     proc = LlmgwProcess(name, ["up", "--control-port", str(control_port),
                                "--router-port", str(router_port), *(extra or [])],
-                        {"LLMGW_STATE_DIR": str(state)}, state.parent)
+                        {"LLMGW_STATE_DIR": str(state), **(env or {})}, state.parent)
     wait_until(lambda: "llmgw is up" in proc.log.read_text() or proc.proc.poll() is not None,
                120, "`llmgw up` to say it is up")
     assert proc.proc.poll() is None, proc.tail()
@@ -42,9 +47,14 @@ def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -
         assert f"http://127.0.0.1:{router_port}/v1" in banner and "curl -s" in banner
         admin_token = (state / "secrets" / "admin-token").read_text().strip()
         assert admin_token in banner
-        # not the default ports: the banner gives the exact command, and ctl finds this
-        # run from the state directory alone (the URL file next to the admin token)
-        assert f"llmgw ctl --url http://127.0.0.1:{control_port} status" in banner
+        # not the default ports: the banner gives the exact command (with the venv's own
+        # llmgw and python: a fresh machine has neither on PATH), and ctl finds this run
+        # from the state directory alone (the URL file next to the admin token)
+        python, llmgw = own_commands(sys.executable, tmp_path)
+        assert f"\n  {llmgw} ctl --url http://127.0.0.1:{control_port} status " in banner
+        assert f'\n  {python} -c "import openai;' in banner
+        assert "API keys:             not required" in banner
+        assert "demo catalog: smollm2-135m-instruct added to this fresh state" in banner
         result = CliRunner().invoke(cli, ["ctl", "status"], env={
             "LLMGW_STATE_DIR": str(state), "LLMGW_CONTROL_URL": None,
             "LLMGW_ADMIN_TOKEN": None})
@@ -75,22 +85,51 @@ def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -
         [replica] = admin.get("/api/v1/replicas")["replicas"]
         family = descendants(up.pid) | {replica["pid"]}
         assert len(family) >= 5   # control (master + worker), router, agent, engine
+        # an edit to the demo model, as `ctl apply` makes it: the next start keeps it
+        demo = yaml.safe_load((state / "catalog.yaml").read_text())
+        demo["models"][0]["aliases"] = ["smol"]
+        admin.request("PUT", "/api/v1/catalog", yaml.safe_dump(demo).encode(),
+                      "application/yaml")
     finally:
         up.signal(signal.SIGINT)
         up.proc.wait(60)
     assert up.proc.returncode == 0, up.tail()
-    assert "llmgw: stopped" in up.log.read_text()
+    said = up.log.read_text()
+    assert "llmgw: stopped" in said
+    stopping = said[said.index("llmgw: stopping"):]
+    assert f"llmgw: stopped 1 engine(s): {replica['id']} (smollm2-135m-instruct)" in stopping
+    assert "adopted" not in stopping and "is ready" not in stopping, stopping
     assert not (state / "secrets" / "control-url").exists()   # ctl no longer goes there
     left = [pid for pid in family if pid_alive(pid)]
     assert left == [], f"processes left after Ctrl-C: {left}"
 
-    # Running it again reuses the state: same secrets, same store, the model comes back.
-    again = start_up(state, control_port, router_port, name="up-again")
+    # Running it again reuses the state: same secrets, same store, the model comes back;
+    # this time its router requires API keys (the environment's setting).
+    again = start_up(state, control_port, router_port, name="up-again",
+                     env={"LLMGW_REQUIRE_API_KEY": "true"})
     try:
         assert (state / "secrets" / "admin-token").read_text().strip() == admin_token
-        events = Client(f"http://127.0.0.1:{control_port}", admin_token).get(
-            "/api/v1/events?limit=500")["events"]
-        assert sum(1 for e in events if e["kind"] == "catalog") == 1  # created once only
+        assert "demo catalog: smollm2-135m-instruct exists, kept as you applied it" in \
+            again.log.read_text()
+        admin = Client(f"http://127.0.0.1:{control_port}", admin_token)
+        events = admin.get("/api/v1/events?limit=500")["events"]
+        # created, then the alias: the demo catalog changed nothing at the second start
+        assert sum(1 for e in events if e["kind"] == "catalog") == 2, events
+        # the Ctrl-C was no failed start: no failure, no backoff, the lost replica replaced
+        assert not [e for e in events if e["kind"] in ("failure", "backoff")], events
+        assert any(e["kind"] == "lost" and replica["id"] in e["message"] for e in events)
+        assert "API keys:             required" in again.log.read_text()
+        keyless = openai.OpenAI(base_url=f"http://127.0.0.1:{router_port}/v1",
+                                api_key="none", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            keyless.models.list()
+        key = admin.post("/api/v1/keys", {"name": "up-test"})["key"]
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{router_port}/v1", api_key=key,
+                               max_retries=0)
+        reply = wait_until(lambda: client.chat.completions.create(
+            model="smol", max_tokens=4, messages=[{"role": "user", "content": "Hi"}]),
+            15, "a reply to the alias applied before the restart, with a key")
+        assert reply.choices[0].message.content is not None
     finally:
         again.signal(signal.SIGINT)
         again.proc.wait(60)
