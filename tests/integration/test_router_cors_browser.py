@@ -27,7 +27,7 @@ from fake_control import FakeControl  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-TOKEN, KEY = "llmgw-router-cors-test", "sk-llmgw-cors-test"
+TOKEN, KEY = "llmgw-router-cors-test-0123456789", "sk-llmgw-cors-test"
 ANSWER = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"hello"}}]}'
 FETCH = """
 const [url, key, done] = arguments;

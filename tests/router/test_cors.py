@@ -99,6 +99,6 @@ def test_by_default_no_origin_is_allowed_and_the_engines_cors_field_is_dropped(
 def test_a_malformed_origin_is_refused_at_start_saying_how_to_write_it(value: str) -> None:
     with pytest.raises(ConfigError) as bad:
         load(RouterConfig, env={"LLMGW_CONTROL_URL": "http://127.0.0.1:8470",
-                                "LLMGW_ROUTER_TOKEN": "llmgw-router-x",
+                                "LLMGW_ROUTER_TOKEN": ROUTER_TOKEN,
                                 "LLMGW_CORS_ORIGINS": value})
     assert "LLMGW_CORS_ORIGINS" in str(bad.value.details)
