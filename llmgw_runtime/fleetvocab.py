@@ -25,6 +25,16 @@ ACTIVE = (ReplicaState.PENDING, *LIVE_REPLICA_STATES)
 MAX_REPLICAS_PER_SHARED_DEVICE = 16
 # Placement ids of MIG instances start here: 1000 + 100 x card + instance.
 MIG_ID_BASE = 1000
+# With prefix affinity a request waits for its home replica (the one holding its prompt's
+# prefix, or the one it was placed on) while another has a free slot, at most this share
+# of its model's max_wait_s; then any free slot will do (router/admission/core.py, and
+# what the status summary says of requests waiting beside free slots).
+HOME_WAIT_SHARE = 0.5
+
+
+def home_wait_s(max_wait_s: float) -> float:
+    """The longest a request waits for its home replica while a slot is free elsewhere."""
+    return max_wait_s * HOME_WAIT_SHARE
 
 
 def heard_from(last_report: float | None, now: float, node_timeout_s: float) -> bool:

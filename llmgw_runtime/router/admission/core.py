@@ -26,11 +26,11 @@ each replica serves and has waiting for it. A request is admitted only at its ho
 waits for a slot there even when another replica has one free: a cached home for as long
 as a request served away from its home takes (``fresh_s``: what moving costs, the prompt
 computed anew), another for :data:`SPILL_SERVICES` mean service times (leaving the slots
-elsewhere to the cached turns of those replicas); at most half of ``max_wait_s``. When more
-requests wait than the model has slots, one that is not cached anywhere takes the first
-free slot anywhere (keeping a slot free for a cached turn that may come only idles it
-then). After that any free slot will do, and the replica it ends up on is
-remembered as its home. When a slot frees, a waiting request cached at that replica goes
+elsewhere to the cached turns of those replicas); at most ``fleetvocab.home_wait_s``
+(half of ``max_wait_s``). When more requests wait than the model has slots, one that is
+not cached anywhere takes the first free slot anywhere (keeping a slot free for a cached
+turn that may come only idles it then). After that any free slot will do, and the replica
+it ends up on is remembered as its home. When a slot frees, a waiting request cached at that replica goes
 first within the class served next (:meth:`~Admission._cached_turn`: shortest job first).
 The bounded load keeps a hot prefix from piling onto one replica (its home moves on once
 it holds more than 1.25 times the mean load and more than twice its slots). A request
@@ -51,6 +51,7 @@ from typing import Protocol
 
 from ...api.catalog import default
 from ...catalog.bounds import MAX_SLOTS_PER_REPLICA
+from ...fleetvocab import home_wait_s
 from .affinity import choose, fits, place
 from .outcome import Admitted, Reason, Rejected
 from .queue import PRIORITIES, FairQueue, Priority, Ticket
@@ -207,7 +208,7 @@ class Admission:
         patience = m.fresh_s if cached else SPILL_SERVICES * m.service_s
         ticket = Ticket(next(self._ids), model, key_id, priority, prefix, now,
                         now + self.max_wait_s, home=home, cached=cached,
-                        spill_at=now + min(self.max_wait_s / 2, patience), only=only)
+                        spill_at=now + min(home_wait_s(self.max_wait_s), patience), only=only)
         m.queue.add(ticket)
         return Queued(ticket)
 
