@@ -62,6 +62,14 @@ def test_the_built_llama_server_serves_chat_completions_embeddings_through_an_ag
         assert all(math.isfinite(x) for v in got for x in v) and got[0] != got[1]
 
     serves_everything()
+    # a prompt above the context: OpenAI's 400 naming the catalog arg (issue 28), not
+    # llama-server's "try increasing it"
+    with pytest.raises(openai.BadRequestError) as long:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello world " * 600}],
+            max_tokens=4)
+    assert long.value.code == "context_length_exceeded", long.value
+    assert "--ctx-size N" in long.value.message
     agent = c.procs["agent"]
     os.kill(agent.pid, signal.SIGKILL)
     agent.proc.wait()
