@@ -14,6 +14,7 @@ from .fields import (
     Bool,
     Count,
     Finite,
+    Line,
     Message,
     Name,
     Pid,
@@ -277,6 +278,25 @@ class Event(Answer):
     message: str
 
 
+class FieldChange(Answer):
+    """A field of a model's entry that an apply changes: its value before and after, as
+    the catalog writes it (``none``: unset), a long one shortened with ``…``; a mapping's
+    key is named in it (``profile.class``)."""
+
+    field: Line
+    old: Text
+    new: Text
+
+
+class ModelChange(Answer):
+    """What an apply changes in a model that exists: its changed fields, and the running
+    replicas that its new definition replaces (one at a time, without dropping requests:
+    docs/operations.md)."""
+
+    fields: list[FieldChange] = Field(default_factory=list)
+    replaces: list[str] = Field(default_factory=list)
+
+
 class CatalogResult(Answer):
     """What applying a catalog changed, or with ``dry_run`` would change (nothing was
     written). ``kept``: models in the store that the catalog does not name, kept because
@@ -289,6 +309,8 @@ class CatalogResult(Answer):
     kept: list[str] = Field(default_factory=list)
     # Models whose new definition rolls their running replicas (docs/operations.md).
     rolls: list[str] = Field(default_factory=list)
+    # Per updated model: the fields that change and the replicas that are replaced.
+    changes: dict[str, ModelChange] = Field(default_factory=dict)
     dry_run: Bool = False
     # A digest of ``deleted``: given back as ``?deletes=``, the apply deletes exactly these
     # or nothing (409), so a prune deletes what ``ctl`` showed and was confirmed.

@@ -116,9 +116,11 @@ def apply_lines(result: dict[str, Any]) -> list[str]:
     dry = result.get("dry_run", False)
     named = result["created"] + result["updated"] + result["unchanged"]
     kept = result.get("kept") or []
-    lines = [f"model {name} " + (f"would be {verb}" if dry and verb != "unchanged" else verb)
-             for verb in ("created", "updated", "deleted", "unchanged")
-             for name in result[verb]]
+    changes = result.get("changes") or {}
+    lines = [line for verb in ("created", "updated", "deleted", "unchanged")
+             for name in result[verb]
+             for line in change_lines(name, (f"would be {verb}" if dry and verb != "unchanged"
+                                            else verb), changes.get(name), dry)]
     if not named and not result["deleted"]:
         lines.append("the catalog has no models: nothing applied" + (
             f"; the {plural(len(kept), 'model')} in the store were kept "
@@ -131,9 +133,30 @@ def apply_lines(result: dict[str, Any]) -> list[str]:
     if rolls:
         lines.append(f"rolls: {', '.join(rolls)} (" + ("their replicas would be replaced"
                      if dry else "their replicas are replaced") + " by the new definition, "
-                     "one at a time; `llmgw ctl rollout status MODEL` follows one)")
+                     "one at a time, each drained first: no request is dropped; "
+                     "`llmgw ctl rollout status MODEL` follows one)")
     if dry:
         lines.append("dry run: nothing was changed")
+    return lines
+
+
+def change_lines(name: str, verb: str, change: dict[str, Any] | None, dry: bool
+                 ) -> list[str]:
+    """``model chat updated``, and what changes in it (api.admin.ModelChange): with
+    ``--dry-run`` a line per field (``args: [...] -> [...]``) and the replicas replaced;
+    else the fields' names and the replicas on the same line."""
+    fields = (change or {}).get("fields") or []
+    replaces = (change or {}).get("replaces") or []
+    if not dry:
+        said = [", ".join(f["field"] for f in fields)] if fields else []
+        if replaces:
+            said.append(f"replacing {', '.join(replaces)}")
+        return [f"model {name} {verb}" + (f": {'; '.join(said)}" if said else "")]
+    lines = [f"model {name} {verb}"]
+    lines += [f"  {f['field']}: {f['old']} -> {f['new']}" for f in fields]
+    if replaces:
+        lines.append(f"  replaces {plural(len(replaces), 'running replica')}: "
+                     f"{', '.join(replaces)}")
     return lines
 
 

@@ -195,7 +195,7 @@ def staying_names(conn: Connection, prune: bool) -> dict[str, tuple[str, ...]]:
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
-                  prune: bool) -> dict[str, list[str]]:
+                  prune: bool) -> dict[str, Any]:
     """Store the catalog; a new definition of a model forgets its failures and unparks it,
     and rolls the replicas that run another one (``rolls``; the old entry is kept for
     ``ctl rollout undo``). The rules live here, the store only stores. Idempotent: the same

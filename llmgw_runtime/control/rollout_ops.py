@@ -9,25 +9,31 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from ..api.admin import RolloutStatus, VersionTally
+from ..api.admin import ModelChange, RolloutStatus, VersionTally
 from ..api.catalog import ModelSpec
 from ..api.states import ReplicaState
 from ..errors import ConflictError, NotFoundError
 from ..store import repo
 from ..store.models import row_to_spec
-from . import drain, rollout
+from . import catalog_diff, drain, rollout
 from .decide import new_definition, unpark_values
 from .states import wanted_replicas
 
 
 def apply_specs(conn: Connection, specs: list[ModelSpec], now: float,
-                prune: bool) -> dict[str, list[str]]:
+                prune: bool) -> dict[str, Any]:
     """Store catalog entries (checked by the caller) with what a new definition means: its
     failures are forgotten, it is unparked, and the replicas that run another definition
-    roll (``rolls``). Events for what was created, updated and deleted."""
+    roll (``rolls``). Events for what was created, updated and deleted. ``changes``: per
+    updated model, its changed fields and the replicas it replaces (api.admin.ModelChange)."""
     rows = {m.name: m for m in repo.list_models(conn)}
-    result = repo.apply_catalog(conn, specs, now, prune=prune)
-    result["rolls"] = start_rollouts(conn, rows, specs, now)
+    result: dict[str, Any] = repo.apply_catalog(conn, specs, now, prune=prune)
+    replaces = start_rollouts(conn, rows, specs, now)
+    result["rolls"] = sorted(replaces)
+    by_name = {s.name: s for s in specs}
+    result["changes"] = {name: ModelChange(
+        fields=catalog_diff.field_changes(row_to_spec(rows[name]), by_name[name]),
+        replaces=replaces.get(name, [])) for name in result["updated"]}
     for spec in specs:
         old = rows.get(spec.name)
         if new_definition(getattr(old, "definition_hash", None), spec.definition_hash):
@@ -39,15 +45,15 @@ def apply_specs(conn: Connection, specs: list[ModelSpec], now: float,
 
 
 def start_rollouts(conn: Connection, before: dict[str, Any], specs: list[ModelSpec],
-                   now: float) -> list[str]:
+                   now: float) -> dict[str, list[str]]:
     """After a catalog is stored: the models whose serving replicas run another definition
     than their new one start to roll (the old entry is kept for ``ctl rollout undo``).
-    Returns their names."""
+    Returns their names, each with the ids of the replicas the rollout replaces."""
     serving: dict[str, list[Any]] = {}
     for rep in repo.list_replicas(conn):
         if rep.desired and rep.state != ReplicaState.FAILED and not drain.is_draining(rep):
             serving.setdefault(rep.model, []).append(rep)
-    rolls = []
+    rolls: dict[str, list[str]] = {}
     for spec in specs:
         old = before.get(spec.name)
         if old is None or old.definition_hash == spec.definition_hash:
@@ -56,7 +62,7 @@ def start_rollouts(conn: Connection, before: dict[str, Any], specs: list[ModelSp
                 if (r.definition_hash or old.definition_hash) != spec.definition_hash]
         if not runs:
             continue
-        rolls.append(spec.name)
+        rolls[spec.name] = sorted(r.id for r in runs)
         row = repo.get_model(conn, spec.name)
         repo.update_model(conn, spec.name, previous_definition=row_to_spec(old)
                           .model_dump_json(by_alias=True))
@@ -69,7 +75,7 @@ def start_rollouts(conn: Connection, before: dict[str, Any], specs: list[ModelSp
                        f"rollout of {spec.name} started: {len(runs)} replica(s) run "
                        f"definition {old.definition_hash[:12]}; the new one "
                        f"{spec.definition_hash[:12]} starts beside them ({how})")
-    return sorted(rolls)
+    return rolls
 
 
 def forget_failure(conn: Connection, row: Any, now: float) -> None:

@@ -125,7 +125,8 @@ def test_apply_says_which_models_roll() -> None:
     lines = apply_lines(result)
     assert [ln for ln in lines if ln.startswith("rolls: ")] == [
         "rolls: chat, embed (their replicas are replaced by the new definition, one at a "
-        "time; `llmgw ctl rollout status MODEL` follows one)"]
+        "time, each drained first: no request is dropped; `llmgw ctl rollout status MODEL` "
+        "follows one)"]
     dry = apply_lines({**result, "dry_run": True})
     assert "rolls: chat, embed (their replicas would be replaced" in dry[-2]
     assert dry[-1] == "dry run: nothing was changed"
