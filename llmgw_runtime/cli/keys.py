@@ -17,6 +17,7 @@ import click
 from ..api import admin as messages
 from ..catalog.spec import parse_duration
 from ..status.render import largest_unit
+from ..text import printable
 from .common import client, part, request_body, say, show
 from .output import ago, output_option
 
@@ -126,6 +127,8 @@ def keys_create(ctx: click.Context, name: str, priority: str, models: str | None
     for kind in ("rpm", "tpm"):
         if result.get(kind) is not None:
             limits.append(f"{result[kind]} {'requests' if kind == 'rpm' else 'tokens'}/min")
+    if result.get("note"):          # routers that serve without keys: on stderr, first
+        click.echo("note: " + printable(result["note"]), err=True)
     say(f"API key {result['name']}" + (f" ({'; '.join(limits)})" if limits else "")
         + " (shown once; store it now):")
     say(result["key"])

@@ -10,10 +10,15 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..api.admin import Deleted, KeyCreate, KeyCreated, KeyInfo, Keys, KeyUpdate
+from ..api.router import KEYS_OPTIONAL_POST_S
 from ..errors import ConflictError, NotFoundError
 from ..security import hash_token
 from ..status.render import largest_unit
-from ..store import accounts, repo
+from ..store import accounts, repo, routers
+
+# Routers heard from this recently count for a created key's note: they post at least
+# every KEYS_OPTIONAL_POST_S while they serve without keys, so a minute spans two posts.
+HEARD_WITHIN_S = 2 * KEYS_OPTIONAL_POST_S
 
 
 def key_info(row: Any, now: float) -> KeyInfo:
@@ -60,7 +65,22 @@ def create(conn: Connection, spec: KeyCreate, key: str, now: float) -> KeyCreate
                    + ("" if spec.priority == "normal" else f" with {spec.priority} priority")
                    + (f" {what}" if what else ""))
     return KeyCreated(name=name, key=key, priority=spec.priority, models=models,
-                      expires_at=expires_at, rpm=spec.rpm, tpm=spec.tpm)
+                      expires_at=expires_at, rpm=spec.rpm, tpm=spec.tpm,
+                      note=keys_optional_note(routers.keys_optional_since(
+                          conn, now - HEARD_WITHIN_S)))
+
+
+def keys_optional_note(router_ids: list[str]) -> str | None:
+    """What creating a key says when routers heard from lately serve requests without any
+    key (``router_ids``), or None when none does."""
+    if not router_ids:
+        return None
+    n = len(router_ids)
+    return (f"{n} router{'s' if n > 1 else ''} heard from in the last minute "
+            f"serve{'s' if n == 1 else ''} requests without any key (started with "
+            "--no-require-api-key, as `llmgw up` does): this key's scope and limits bind "
+            "only clients that send it; require keys with `llmgw up --require-api-key` or "
+            "LLMGW_REQUIRE_API_KEY=1")
 
 
 def listing(conn: Connection, now: float) -> Keys:

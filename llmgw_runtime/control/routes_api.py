@@ -8,6 +8,7 @@ from flask import Blueprint, current_app, jsonify, request
 
 from ..api.parse import parse_json
 from ..api.router import ActivateRequest, IdleMap, Unreachable
+from ..store import routers
 from . import fleet
 from .web import fleet_settings, now_of, require, store
 
@@ -27,8 +28,15 @@ def routes() -> Any:
 @require("router")
 def idle() -> Any:
     body = parse_json(IdleMap, request.get_data(cache=True), what="idle map")
+
+    def record(conn: Any) -> None:
+        now = now_of(conn)
+        fleet.record_idle(conn, body, now)
+        if body.router is not None:     # whether it serves without keys (keys.py's note)
+            routers.heard(conn, body.router, body.keys_optional, now)
+
     # Idempotent (the newest time wins): retried through a store failover.
-    store().write(lambda conn: fleet.record_idle(conn, body, now_of(conn)))
+    store().write(record)
     return "", 204
 
 

@@ -188,6 +188,17 @@ usage_reporters = Table(
     Index("ix_usage_reporters_updated", "updated"),
 )
 
+# Routers heard from (revision 0016, store/routers.py): by the id a router posts its idle
+# map under (new at each start), whether it serves requests without an API key, and when
+# that was last heard (store clock; written again only when it changed or is ~10 s old).
+routers = Table(
+    "routers", metadata,
+    Column("id", String(100), primary_key=True),
+    Column("keys_optional", Integer, nullable=False),       # 0 or 1, as every flag
+    Column("heard", Float, nullable=False),
+    Index("ix_routers_heard", "heard"),
+)
+
 leases = Table(
     "leases", metadata,
     Column("name", String(64), primary_key=True),

@@ -4,11 +4,14 @@ table carries them to the routers, bad values are refused naming what is wrong."
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
 from llmgw_runtime.api.router import Routes
 from llmgw_runtime.security import hash_token
+from llmgw_runtime.store import routers, schema
+from tests.cli.test_commands import invoke
 
-from .conftest import ROUTER, Api
+from .conftest import ADMIN, ROUTER, Api, served
 
 
 def _routes(api: Api) -> Routes:
@@ -82,3 +85,52 @@ def test_bad_scopes_and_expiries_are_refused_naming_the_field(
     error = resp.json["error"]
     assert says in error["message"] or any(d.startswith(says) or d.startswith(f"(the body): {says}")
                                            for d in error["details"]), error
+
+
+def _idle(api: Api, router: str, keys_optional: bool) -> None:
+    resp = api.call("POST", "/api/v1/idle", token=ROUTER, json={
+        "replicas": {}, "router": router, "worker": "w1", "keys_optional": keys_optional})
+    assert resp.status_code == 204, resp.json
+
+
+def _heard(api: Api) -> dict[str, tuple[int, float]]:
+    with api.store.begin() as conn:
+        return {r.id: (r.keys_optional, r.heard)
+                for r in conn.execute(sa.select(schema.routers))}
+
+
+def test_creating_a_key_says_when_routers_heard_lately_serve_without_keys(api: Api) -> None:
+    """Issue 28: under `llmgw up` the router serves requests without a key, so a key's
+    scope and limits bind only clients that send it: creating one says so, as long as
+    such a router was heard from in the last minute; `ctl keys create` prints it."""
+    assert api.call("POST", "/api/v1/keys", json={"name": "a"}).json["note"] is None
+    _idle(api, "router-strict", False)
+    assert api.call("POST", "/api/v1/keys", json={"name": "b"}).json["note"] is None
+    _idle(api, "router-up", True)
+    note = api.call("POST", "/api/v1/keys", json={"name": "c"}).json["note"]
+    assert note.startswith("1 router heard from in the last minute serves requests "
+                           "without any key (started with --no-require-api-key")
+    assert "`llmgw up --require-api-key` or LLMGW_REQUIRE_API_KEY=1" in note
+    with served(api.client.application) as url:
+        code, out = invoke("ctl", "--url", url, "--token", ADMIN, "keys", "create", "d")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "note: " + note
+    assert lines[-1].startswith("sk-llmgw-")          # the key stays the last line
+    # a router silent for over a minute no longer counts
+    with api.store.begin() as conn:
+        conn.execute(schema.routers.update().values(heard=schema.routers.c.heard - 61))
+    assert api.call("POST", "/api/v1/keys", json={"name": "e"}).json["note"] is None
+
+
+def test_a_router_s_posts_write_only_when_the_word_changed_or_is_old(api: Api) -> None:
+    _idle(api, "router-up", True)
+    first = _heard(api)["router-up"]
+    _idle(api, "router-up", True)                      # the same word within 10 s: kept
+    assert _heard(api)["router-up"] == first
+    _idle(api, "router-up", False)                     # changed: written at once
+    assert _heard(api)["router-up"][0] == 0
+    assert routers.needs_write(None, True, 5.0)
+    assert not routers.needs_write((True, 0.0), True, routers.REFRESH_S - 0.1)
+    assert routers.needs_write((True, 0.0), True, routers.REFRESH_S)
+    assert routers.needs_write((True, 0.0), False, 1.0)
