@@ -1,6 +1,7 @@
 """``ctl apply --dry-run`` shows what changes in each model (``field: old -> new``) and
-which running replicas its new definition replaces; the apply says it compactly
-(issue 28). Against a real control service, its reconciler run in the test."""
+which running replicas its new definition replaces; the apply says it compactly; a bad
+catalog is refused naming every problem at once (issue 28). Against a real control
+service, its reconciler run in the test."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from llmgw_runtime.api.admin import CatalogResult
 from llmgw_runtime.catalog import parse as catalog
 from llmgw_runtime.control.catalog_diff import field_changes
 from llmgw_runtime.store import Store
-from tests.cli.test_commands import control, ctl  # noqa: F401 - the fixture
+from tests.cli.test_commands import catalog_file, control, ctl  # noqa: F401 - the fixture
 from tests.cli.test_ctl_rollout import TINY, apply, put_node, ready_all, reconcile
 
 LONG = "file:///models/" + "a-very-long-directory-name/" * 4 + "tiny.gguf"
@@ -68,3 +69,18 @@ def test_field_changes_name_a_mappings_key_and_say_none_for_unset() -> None:
     assert changes == [("max_tokens", "none", '{"default": null, "max": 512, "clamp": false}'),
                        ("profile.memory_gb", "none", "8.0"), ("slots", "none", "4")]
     assert field_changes(new, new) == []
+
+
+def test_apply_names_every_problem_and_fallbacks_may_name_what_the_store_keeps(
+        control: str, tmp_path: Path) -> None:  # noqa: F811
+    assert apply(control, tmp_path, TINY.replace("tiny", "kept") % "")[0] == 0
+    entry = ("  - {name: %s, source: /m.gguf, engine: llama.cpp, profile: {class: cpu}, "
+             "args: [%s]%s}\n")
+    text = "models:\n" + entry % ("a", "--port, '1'", ", fallback: [nope, fb-only, kept]") \
+        + entry % ("fb-only", "--host, x", "")
+    code, out = ctl(control, "apply", "-f", catalog_file(tmp_path, text))
+    assert code == 1 and "the catalog has 3 problems; nothing was applied" in out, out
+    assert "models[0] (a): args --port set what the agent owns" in out
+    assert "models[1] (fb-only): args --host set what the agent owns" in out
+    assert "model a: fallback nope is not a model of the catalog" in out
+    assert "fallback fb-only" not in out and "fallback kept" not in out
