@@ -83,6 +83,9 @@ def rerun_command(parent: list[str], own: list[str], hosts: tuple[str, ...]) -> 
 @click.option("--ssh-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               default=None, help="a private key to log in to the store hosts with "
                                  "[ssh's own: ssh-agent, ~/.ssh/id_*]")
+@click.option("--witness", metavar="USER@HOST[:SSH_PORT]", default=None,
+              help="another host booted with systemd as the etcd witness (a vote without "
+                   "data), reached over ssh as the store hosts are [this control host]")
 @click.option("--allow", "allow", multiple=True, metavar="CIDR",
               help="a network the store admits besides the control host (pg_hba), e.g. "
                    "10.1.2.0/24; repeatable")
@@ -99,17 +102,17 @@ def rerun_command(parent: list[str], own: list[str], hosts: tuple[str, ...]) -> 
 def init(ctx: click.Context, patroni_: bool, hosts: tuple[str, ...], playbooks: Path | None,
          env_file: Path, store_database: str, store_port: int, patroni_rest_port: int,
          etcd_port: int, scope: str, known_hosts: Path | None, ssh_key: Path | None,
-         allow: tuple[str, ...], wait_s: float, connection: str,
+         witness: str | None, allow: tuple[str, ...], wait_s: float, connection: str,
          store_url_hosts: str | None, systemd_dir: Path | None) -> None:
     """Set up the replicated store on the given hosts and move the store in use into it.
 
     First checks, before anything changes anywhere, what it needs: ansible and its
     collections here (pip install 'llmgw[server-init]'), each host's ssh host key (an
     unknown or changed key stops it, saying the command that accepts the key), python3 and
-    sudo there, systemd here (this host is the etcd witness); the playbook's first play
-    checks systemd and free ports on every etcd voter. Then runs
-    playbooks/store.yml over ssh (PostgreSQL 15, Patroni and etcd on each host; this
-    host adds an etcd vote), copies every row of the store in use (SQLite) into the
+    sudo there, systemd here (this host is the etcd witness, unless --witness names
+    another); the playbook's first play checks systemd and free ports on every etcd voter.
+    Then runs playbooks/store.yml over ssh (PostgreSQL 15, Patroni and etcd on each host;
+    the witness adds an etcd vote), copies every row of the store in use (SQLite) into the
     cluster, checks the counts, keeps the old file as a backup, and points the control
     service at the cluster (in store.env, next to the env file). Safe to re-run: a cluster that is up changes nothing."""
     logging.getLogger("alembic").setLevel(logging.WARNING)   # the steps say what happens
@@ -134,6 +137,6 @@ def init(ctx: click.Context, patroni_: bool, hosts: tuple[str, ...], playbooks: 
                  ssh=SshTrust(known_hosts=known_hosts and known_hosts.expanduser().absolute(),
                               identity=ssh_key and ssh_key.expanduser().absolute()),
                  allow=allow, echo=click.echo, step=_step, rerun=rerun,
-                 systemd_dir=systemd_dir)
+                 systemd_dir=systemd_dir, witness_text=witness)
     except LlmgwError as exc:
         raise click.ClickException(str(exc)) from None

@@ -138,12 +138,13 @@ def _check_login(url: str) -> str:
     return f"logged in as {row[0]} to database {row[1]} on the primary"
 
 
-def store_values(url: str, rest_hosts: list[str], settings: patroni.StoreSettings
-                 ) -> dict[str, str]:
+def store_values(url: str, rest_hosts: list[str], settings: patroni.StoreSettings,
+                 witness_host: str | None = None) -> dict[str, str]:
     """What the store env file holds: the URL, the members' Patroni REST APIs and every
-    etcd voter's client URL (the witness's own on 127.0.0.1), for ctl status and /metrics."""
+    etcd voter's client URL (this control host's, the witness, on 127.0.0.1; a --witness
+    host's at its name), for ctl status and /metrics."""
     etcd = [f"http://{'[' + h + ']' if ':' in h else h}:{settings.etcd_port}"
-            for h in rest_hosts] + [f"http://127.0.0.1:{settings.etcd_port}"]
+            for h in [*rest_hosts, witness_host or "127.0.0.1"]]
     return {DATABASE_KEY: url,
             PATRONI_KEY: ",".join(rest_url(h, settings.rest_port) for h in rest_hosts),
             ETCD_KEY: ",".join(etcd)}
@@ -182,22 +183,25 @@ def witness_problem(witness: str, systemd_dir: Path, booted_with_systemd: bool) 
         return None
     return (f"this control host ({witness}) does not run systemd ({systemd_dir} is "
             "missing: a container, or a host started without it), and it is the etcd "
-            "witness: etcd runs on every voter as etcd.service. Run `llmgw server init` "
-            "from a host (or VM) booted with systemd that reaches the store hosts, with "
-            "the same options")
+            "witness: etcd runs on every voter as etcd.service. Either run `llmgw server "
+            "init` from a host (or VM) booted with systemd that reaches the store hosts, "
+            "with the same options, or name another host booted with systemd as the "
+            "witness (it runs etcd only, a vote without data): add `--witness USER@HOST`")
 
 
 def preflight(hosts: list[patroni.StoreHost], *, playbooks: Path | None,
               env_path: Path, connection: str, ssh: SshTrust, allow: tuple[str, ...],
-              rerun: str, echo: Echo,
-              systemd_dir: Path | None = None) -> tuple[Path, list[str], dict[str, str]]:
+              rerun: str, echo: Echo, systemd_dir: Path | None = None,
+              witness: patroni.StoreHost | None = None
+              ) -> tuple[Path, list[str], dict[str, str]]:
     """Everything checked before anything is written anywhere: the playbook, the env
-    files, this host's tools and systemd (``systemd_dir`` present: :data:`SYSTEMD_DIR`),
-    the --allow networks, each store host over ssh. Every problem at once. Returns the
-    playbook, the networks and where each host sees us. The test-only local connection
-    (the store hosts are this machine) checks neither systemd here nor ssh."""
+    files, this host's tools and, when it is the witness, systemd (``systemd_dir``
+    present: :data:`SYSTEMD_DIR`), the --allow networks, each store host (and a --witness
+    host) over ssh. Every problem at once. Returns the playbook, the networks and where
+    each store host sees us. The test-only local connection (the store hosts are this
+    machine) checks neither systemd here nor ssh."""
     problems: list[str] = []
-    if connection == "ssh":
+    if connection == "ssh" and witness is None:
         probed = systemd_dir or SYSTEMD_DIR
         problem = witness_problem(socket.gethostname(), probed, probed.is_dir())
         if problem:
@@ -228,16 +232,18 @@ def preflight(hosts: list[patroni.StoreHost], *, playbooks: Path | None,
     assert playbook is not None
     seen: dict[str, str] = {}
     if connection == "ssh":
-        check = check_hosts(hosts, ssh)
+        voters = hosts + ([witness] if witness else [])
+        check = check_hosts(voters, ssh)
         if check.problems:
             raise InitError(
                 "the store host(s) below are not ready, so nothing was done: no host was "
                 "touched, no password made, the env file and the store in use are as they "
                 "were.\n  " + "\n  ".join(p.message for p in check.problems)
                 + f"\nThen re-run `{rerun}`.")
-        seen = check.client_addresses()
+        names = {h.name for h in hosts}
+        seen = {h: a for h, a in check.client_addresses().items() if h in names}
         echo("ssh: every store host's key is the one known_hosts holds, python3 and sudo "
-             f"are there ({', '.join(h.host for h in hosts)})")
+             f"are there ({', '.join(h.host for h in voters)})")
         if seen:
             echo("the store hosts see this host at "
                  + ", ".join(f"{a} ({h})" for h, a in seen.items()) + ": pg_hba admits it")
@@ -249,31 +255,37 @@ def run_init(hosts_text: tuple[str, ...], *, current: Current, env_path: Path,
              url_hosts: str | None, wait_s: float, svc: ServiceControl,
              ssh: SshTrust | None = None, allow: tuple[str, ...] = (),
              echo: Echo = print, step: Echo = print, rerun: str | None = None,
-             systemd_dir: Path | None = None) -> None:
+             systemd_dir: Path | None = None, witness_text: str | None = None) -> None:
     """``rerun``: the command that runs this again, every option given (the CLI's
     :func:`~llmgw_runtime.cli.server_init.rerun_command`), named in every message that
-    says to re-run."""
+    says to re-run. ``witness_text``: ``USER@HOST[:PORT]`` of the etcd witness when it is
+    not this control host (``--witness``)."""
     rerun = rerun or "llmgw server init --patroni " + " ".join(hosts_text)
     ssh = ssh or SshTrust()
     store_env = store_env_path(env_path)
 
     step("==> 1/6 preflight: this host, the store hosts, ssh host keys, inventory, passwords")
-    hosts = patroni.parse_hosts(list(hosts_text))
-    witness = socket.gethostname()
+    other = patroni.parse_host(witness_text) if witness_text else None
+    hosts = patroni.parse_hosts(list(hosts_text),
+                                f"the witness {other.host}" if other else "this control host")
+    witness = other.name if other else socket.gethostname()
     if any(h.name.lower() == witness.lower() for h in hosts):
-        raise ConfigError(f"{witness} is this control host, the etcd witness: "
+        raise ConfigError(f"{witness} is given as a store host and as the witness "
+                          "(--witness), which runs etcd only: give it once" if other else
+                          f"{witness} is this control host, the etcd witness: "
                           "give the store hosts only")
     playbook, networks, seen = preflight(
         hosts, playbooks=playbooks, env_path=env_path, connection=connection, ssh=ssh,
-        allow=allow, rerun=rerun, echo=echo, systemd_dir=systemd_dir)
+        allow=allow, rerun=rerun, echo=echo, systemd_dir=systemd_dir, witness=other)
     pw_path = current.state_dir / patroni.PASSWORDS_FILE
     passwords, created = patroni.load_or_create_passwords(pw_path)
     echo(f"store passwords {'made and kept' if created else 'reused from'} {pw_path} (0600)")
     target_hosts = (patroni.parse_url_hosts(url_hosts) if url_hosts
                     else patroni.url_hosts(hosts, settings.port))
     target = patroni.store_url(settings, passwords["llmgw_store_password"], target_hosts)
-    inv = patroni.inventory(hosts, witness, connection, seen_at=seen,
-                            witness_address=patroni.pick_witness_address(seen, _is_local))
+    inv = patroni.inventory(hosts, witness, connection, seen_at=seen, witness=other,
+                            witness_address=None if other else
+                            patroni.pick_witness_address(seen, _is_local))
     echo(f"inventory: {', '.join(h.name for h in hosts)} in {patroni.STORE_GROUP}, "
          f"{witness} in {patroni.WITNESS_GROUP} ({len(hosts) + 1} etcd voters)")
 
@@ -313,7 +325,7 @@ def run_init(hosts_text: tuple[str, ...], *, current: Current, env_path: Path,
         # login: keep what PostgreSQL said and say what to do instead.
         said = str(exc).split("; check that the database is up")[0]
         raise InitError(f"{said}\n{login_advice(str(exc), settings, rerun)}") from None
-    values = store_values(target, rest_hosts, settings)
+    values = store_values(target, rest_hosts, settings, other.host if other else None)
 
     if in_cluster:
         step("==> 5/6 data: store already in the cluster")

@@ -94,9 +94,11 @@ def _port(text: str, raw: str) -> int:
     return int(raw)
 
 
-def parse_hosts(texts: list[str] | tuple[str, ...]) -> list[StoreHost]:
+def parse_hosts(texts: list[str] | tuple[str, ...],
+                witness: str = "this control host") -> list[StoreHost]:
     """Every given host, refusing a malformed one, a duplicate, or a count that makes an
-    even number of etcd voters (the control host is one more); every problem at once."""
+    even number of etcd voters (the witness, ``witness``, is one more); every problem at
+    once."""
     problems: list[str] = []
     hosts: list[StoreHost] = []
     for text in texts:
@@ -109,7 +111,7 @@ def parse_hosts(texts: list[str] | tuple[str, ...]) -> list[StoreHost]:
         if h.host.lower() in seen:
             problems.append(f"{h.host} is given twice: each store host once")
         seen.add(h.host.lower())
-    problem = voter_problem(len(texts))
+    problem = voter_problem(len(texts), witness)
     if problem:
         problems.append(problem)
     if problems:
@@ -117,14 +119,14 @@ def parse_hosts(texts: list[str] | tuple[str, ...]) -> list[StoreHost]:
     return hosts
 
 
-def voter_problem(store_hosts: int) -> str | None:
-    """Why this many store hosts (plus the control host as etcd witness) is refused."""
+def voter_problem(store_hosts: int, witness: str = "this control host") -> str | None:
+    """Why this many store hosts (plus the etcd witness, ``witness``) is refused."""
     voters = store_hosts + 1
     if store_hosts < 1:
         return "give at least two store hosts (user@host), e.g. two: 3 etcd voters"
     if voters % 2 == 0:
         choices = " or ".join(str(n) for n in (store_hosts - 1, store_hosts + 1) if n >= 2)
-        return (f"{store_hosts} store host(s) + this control host make {voters} etcd voters, "
+        return (f"{store_hosts} store host(s) + {witness} make {voters} etcd voters, "
                 f"an even number: it survives no more failures than {voters - 1} and can "
                 f"split in half; give {choices} store hosts")
     return None
@@ -132,9 +134,11 @@ def voter_problem(store_hosts: int) -> str | None:
 
 def inventory(hosts: list[StoreHost], control_name: str, connection: str = "ssh",
               seen_at: dict[str, str] | None = None,
-              witness_address: str | None = None) -> dict[str, Any]:
+              witness_address: str | None = None,
+              witness: StoreHost | None = None) -> dict[str, Any]:
     """The Ansible inventory (ansible-runner's dict form): the store hosts in
-    ``llmgw_store``, this control host in ``llmgw_store_witness`` (local).
+    ``llmgw_store``, this control host in ``llmgw_store_witness`` (local), or ``witness``
+    there (``--witness``: another host, reached as the store hosts are).
 
     ``seen_at``: store host -> the address this control host connects from, as that host
     sees it (its ssh connection): its pg_hba admits that address
@@ -142,22 +146,32 @@ def inventory(hosts: list[StoreHost], control_name: str, connection: str = "ssh"
     the store hosts reach it at one of its own addresses."""
     store: dict[str, Any] = {}
     for h in hosts:
-        hv: dict[str, Any] = {"ansible_host": h.host, "ansible_user": h.user,
-                              "ansible_connection": connection}
+        hv = _remote(h, connection)
         if seen_at and seen_at.get(h.name):
             hv["llmgw_store_control_address"] = seen_at[h.name]
-        if h.ssh_port is not None:
-            hv["ansible_port"] = h.ssh_port
-        if connection == "local":
-            hv.update(LOCAL)
         store[h.name] = hv
-    witness: dict[str, Any] = {"ansible_connection": "local", **LOCAL}
-    if witness_address:
-        witness["llmgw_store_address"] = witness_address
+    if witness is not None:
+        voter = {witness.name: _remote(witness, connection)}
+    else:
+        local: dict[str, Any] = {"ansible_connection": "local", **LOCAL}
+        if witness_address:
+            local["llmgw_store_address"] = witness_address
+        voter = {control_name: local}
     return {"all": {"children": {
         STORE_GROUP: {"hosts": store},
-        WITNESS_GROUP: {"hosts": {control_name: witness}},
+        WITNESS_GROUP: {"hosts": voter},
     }}}
+
+
+def _remote(h: StoreHost, connection: str) -> dict[str, Any]:
+    """A host reached over ``connection`` (ssh) as ``user@host[:port]`` says."""
+    hv: dict[str, Any] = {"ansible_host": h.host, "ansible_user": h.user,
+                          "ansible_connection": connection}
+    if h.ssh_port is not None:
+        hv["ansible_port"] = h.ssh_port
+    if connection == "local":
+        hv.update(LOCAL)
+    return hv
 
 
 def pick_witness_address(seen_at: dict[str, str],

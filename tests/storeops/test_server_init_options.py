@@ -112,7 +112,8 @@ def test_a_control_host_without_systemd_is_refused_first_and_nothing_is_written(
     assert "server init cannot start; nothing was done anywhere" in out
     assert f"does not run systemd ({site['systemd'] / 'absent'} is missing" in out
     assert "it is the etcd witness" in out
-    assert "Run `llmgw server init` from a host (or VM) booted with systemd" in out
+    assert "run `llmgw server init` from a host (or VM) booted with systemd" in out
+    assert "add `--witness USER@HOST`" in out
     assert f"re-run `llmgw server --state-dir {site['state']} init --patroni admin@db1" in out
     assert "==> 2/6" not in out and "[1/" not in out
     assert calls == []                                   # no ssh login, not even ssh -G
@@ -120,3 +121,44 @@ def test_a_control_host_without_systemd_is_refused_first_and_nothing_is_written(
     assert not (site["state"] / patroni.PASSWORDS_FILE).exists()
     assert not site["env"].parent.exists()               # no store.env
     assert init_module.SYSTEMD_DIR == Path("/run/systemd/system")   # the one it probes
+
+
+def test_a_witness_host_named_instead_of_this_one_is_checked_over_ssh(
+        site: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without systemd here, --witness names another host to run the third etcd vote: this
+    host's systemd is not asked, the witness's key, python3 and sudo are checked with the
+    store hosts', and the re-run keeps it."""
+    calls: list[list[str]] = []
+    fake_ssh(monkeypatch, calls)
+    result = invoke(["server", "--state-dir", str(site["state"]), "init", "--patroni",
+                     "admin@db1", "admin@db2", "--witness", "ops@wit1:2222",
+                     "--env-file", str(site["env"]), "--known-hosts", str(site["kh"]),
+                     "--playbooks", str(site["playbooks"]),
+                     "--systemd-dir", str(site["systemd"] / "absent")])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 1, out
+    assert "does not run systemd" not in out
+    assert "ops@wit1:2222: its ssh host key has CHANGED" in out
+    assert "admin@db1: its ssh host key" in out and "admin@db2: its ssh host key" in out
+    assert "--witness ops@wit1:2222" in " ".join(rerun_of(result.output))
+    assert not site["state"].exists()
+
+    wit = patroni.parse_host("ops@wit1:2222")
+    hosts = patroni.parse_hosts(["admin@db1", "admin@db2"])
+    inv = patroni.inventory(hosts, "ctl", seen_at={"db1": "10.0.0.9"}, witness=wit)
+    assert inv["all"]["children"]["llmgw_store_witness"] == {"hosts": {"wit1": {
+        "ansible_host": "wit1", "ansible_user": "ops", "ansible_connection": "ssh",
+        "ansible_port": 2222}}}
+    assert init_module.store_values("postgresql://x", ["db1", "db2"],
+                                    patroni.StoreSettings(), "wit1")["LLMGW_ETCD_URLS"] == \
+        "http://db1:2379,http://db2:2379,http://wit1:2379"
+    with pytest.raises(Exception, match="make 4 etcd voters"):
+        patroni.parse_hosts(["a@db1", "a@db2", "a@db3"], "the witness wit1")
+
+
+def test_the_systemd_refusal_names_both_ways_out(site: dict[str, Path]) -> None:
+    problem = init_module.witness_problem("ctl", Path("/run/systemd/system"), False)
+    assert problem is not None
+    assert "run `llmgw server init` from a host (or VM) booted with systemd" in problem
+    assert "add `--witness USER@HOST`" in problem
+    assert init_module.witness_problem("ctl", Path("/x"), True) is None
