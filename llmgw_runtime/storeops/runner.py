@@ -125,6 +125,7 @@ def run_playbook(playbook: Path, inventory: dict[str, Any], extravars: dict[str,
     steps are counted first (``--list-tasks``). The private data dir (it holds the extra
     vars: the passwords) is 0700 and removed afterwards; ssh's shared connections live in
     it, so none is reused from elsewhere."""
+    playbook = playbook.expanduser().absolute()   # ansible runs in its own directory
     env = ansible_env(playbook.parent, ssh)
     if shutil.which("ansible-playbook", path=env["PATH"]) is None or \
             importlib.util.find_spec("ansible_runner") is None:

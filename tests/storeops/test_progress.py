@@ -16,7 +16,7 @@ import yaml
 
 from llmgw_runtime.storeops import patroni
 from llmgw_runtime.storeops.progress import Progress, meta_task_names, parse_plan
-from llmgw_runtime.storeops.runner import LIST_ARGS, ansible_env, meta_tasks
+from llmgw_runtime.storeops.runner import LIST_ARGS, ansible_env, meta_tasks, run_playbook
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,3 +117,17 @@ def test_the_real_store_playbooks_plan_leaves_out_the_control_play_and_flushes(
     assert [name for name, tasks in plan.plays if not tasks] == ["store | control hosts' "
                                                                  "addresses"]
     assert not flushes & {t for _, tasks in plan.plays for t in tasks}
+
+
+def test_a_real_run_counts_the_same_and_a_relative_playbook_path_works(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """plays.yml run for real (as --playbooks given relative to the current directory):
+    the lines are those of the recorded events."""
+    monkeypatch.chdir(FIXTURES.parent)
+    hosts = [patroni.StoreHost("nobody", n) for n in ("s1", "s2")]
+    lines: list[str] = []
+    outcome = run_playbook(Path("fixtures") / "plays.yml",
+                           patroni.inventory(hosts, "witness", connection="local"),
+                           {"change": True}, lines.append)
+    assert outcome.ok and outcome.steps == outcome.total == 5, outcome
+    assert lines == run("plays.events.json")[0]
