@@ -172,11 +172,14 @@ def models(ctx: click.Context, fmt: str) -> None:
     (``ready, rolling 1/2``, ``canary 10 %``, ``rollout failed``: ``ctl rollout status``)."""
     api = client(ctx)
     data = api.get("/api/v1/models", answer=messages.ModelList)
-    # each model's rollout as the fleet summary says it (the one summary of every view)
-    rolls = {} if fmt == "json" else {
-        r["name"]: r for r in api.get("/api/v1/status").get("rollouts") or []}
+    # each model's rollout and failing streak as the fleet summary says them (the one
+    # summary of every view): ``failing (3 in a row, next start in 20 s)`` for ``starting``
+    said = {} if fmt == "json" else api.get("/api/v1/status")
+    rolls = {r["name"]: r for r in said.get("rollouts") or []}
+    failing = {m["name"]: m["failing"]["text"] for m in said.get("models") or []
+               if m.get("failing")}
     rows = [(m["name"], m["engine"], m["profile"]["class"], f"{m['ready']}/{m['wanted']}",
-             m["state"] + (" (on demand)" if m["on_demand"] else "")
+             failing.get(m["name"], m["state"]) + (" (on demand)" if m["on_demand"] else "")
              + rollout_cell(rolls.get(m["name"])),
              m["consecutive_failures"], max_tokens_cell(m.get("max_tokens")),
              rollout_reason(rolls.get(m["name"]), telling(m["reason"])))

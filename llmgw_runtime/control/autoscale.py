@@ -32,6 +32,7 @@ from ..api.catalog import Autoscale
 from ..api.states import ReplicaState
 from ..catalog.scale import active_floor, replica_range
 from ..engines.slots import slots_of
+from ..status.summary import waiting_for_home
 from ..store.models import row_to_spec
 from .capacity import LOAD_WINDOW_S, Load, load_of
 
@@ -247,21 +248,25 @@ def view(row: Any, replicas: list[Any], now: float) -> dict[str, Any] | None:
     return {"current": ready, "target": target, "min": scale.minimum, "max": scale.ceiling,
             "signal": signal, "settings": scale.settings.to_dict(),
             "up_for_s": _for(state.high_since, now), "down_for_s": _for(state.low_since, now),
-            "blocked": state.blocked, "note": note(signal, scale.settings)}
+            "blocked": state.blocked,
+            "note": note(signal, scale.settings, waiting_for_home(
+                load.waiting, load.busy, slots, row_to_spec(row).model_dump()))}
 
 
 def _for(since: float | None, now: float) -> float | None:
     return None if since is None else round(max(0.0, now - since), 1)
 
 
-def note(signal: dict[str, Any], settings: Autoscale) -> str:
-    """``wait 4.1 s (target 2 s), 3/4 slots busy, 5 waiting``: the signal in one line."""
+def note(signal: dict[str, Any], settings: Autoscale, why: str | None = None) -> str:
+    """``wait 4.1 s (target 2 s), 3/4 slots busy, 5 waiting``: the signal in one line;
+    ``why`` (``status.summary.waiting_for_home``) in place of ``5 waiting`` when slots are
+    free."""
     slots = signal["slots"]
     busy = (f"{signal['busy']}/{slots} slots busy" if slots is not None
             else f"{signal['busy']} busy")
     text = f"wait {signal['wait_s']:.1f} s (target {settings.wait_target_s:g} s), {busy}"
     if signal["waiting"]:
-        text += f", {signal['waiting']} waiting"
+        text += f", {why or str(signal['waiting']) + ' waiting'}"
     if signal["rejected"]:
         text += f", {signal['rejected']} refused"
     return text

@@ -39,7 +39,7 @@ from ..store.models import row_to_spec
 from . import autoscale, capacity, drain, rollout, rollout_ops, snapshot
 from .decide import Changes, Fleet, Settings, decide, unpark_values
 from .routes import routes_of
-from .states import model_state, start_streak
+from .states import failing, model_state, start_streak
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,10 @@ def reconcile(conn: Connection, now: float, settings: Settings) -> Changes:
 # ------------------------------------------------------------------ what views ask
 
 
-def models_view(conn: Connection, now: float) -> list[dict[str, Any]]:
-    """Every model with its state (``ctl models``, the console, the status summary)."""
+def models_view(conn: Connection, now: float,
+                backoff: tuple[float, float] | None = None) -> list[dict[str, Any]]:
+    """Every model with its state (``ctl models``, the console, the status summary); with
+    the reconciler's ``backoff``, also a failing model's streak (``states.failing``)."""
     reps_by_model: dict[str, list[Any]] = {}
     for rep in repo.list_replicas(conn):
         reps_by_model.setdefault(rep.model, []).append(rep)
@@ -134,6 +136,8 @@ def models_view(conn: Connection, now: float) -> list[dict[str, Any]]:
         serving = [r for r in reps if not drain.is_draining(r)]
         item.update(state=state.state, reason=state.reason, ready=state.ready,
                     wanted=state.wanted, scaling=autoscale.view(row, serving, now))
+        if backoff is not None:
+            item["failing"] = failing(row, reps, state, now, backoff)
         out.append(item)
     return out
 
@@ -146,7 +150,7 @@ def model_answers(conn: Connection, now: float) -> list[Model]:
 def summary(conn: Connection, now: float, settings: Settings, *, idle_after_s: float,
             store: dict[str, Any]) -> dict[str, Any]:
     """The fleet summary every status view renders, from one read of the store."""
-    models = models_view(conn, now)
+    models = models_view(conn, now, settings.backoff)
     nodes = [node_view(n) for n in repo.list_nodes(conn)]
     parts = repo.parts_by_replica(conn)
     replicas = [replica_view(r, parts.get(r.id), now)

@@ -10,6 +10,8 @@ from ..api.states import ReplicaState
 from ..catalog.scale import active_floor, replica_range
 
 PARK_AFTER = 5                 # start failures in a row
+# A replica on its way to ready: a start of its model runs.
+STARTING = (ReplicaState.PENDING, ReplicaState.FETCHING, ReplicaState.STARTING)
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
 
@@ -80,8 +82,11 @@ def model_state(model: Any, replicas: list[Any], now: float) -> ModelState:
         return ModelState(model.name, "ready", None, ready, wanted)
     if model.placement_reason:
         return ModelState(model.name, "unplaceable", model.placement_reason, 0, wanted)
+    # the streak's last error stays the reason while the next start runs, so that the
+    # reason does not come and go with each start of a failing model
+    streak_error = model.last_error if model.consecutive_failures else None
     if any(r.state in (ReplicaState.PENDING, ReplicaState.STARTING) for r in live):
-        return ModelState(model.name, "starting", None, 0, wanted)
+        return ModelState(model.name, "starting", streak_error, 0, wanted)
     if model.on_demand:
         if model.activated_at is None:
             return ModelState(model.name, "idle", None, 0, 0)
@@ -89,6 +94,24 @@ def model_state(model: Any, replicas: list[Any], now: float) -> ModelState:
     if wanted == 0:
         return ModelState(model.name, "stopped", "replicas is 0 in the catalog", 0, 0)
     return ModelState(model.name, "starting", model.last_error, 0, wanted)
+
+
+def failing(model: Any, replicas: list[Any], state: ModelState, now: float,
+            backoff: tuple[float, float]) -> dict[str, Any] | None:
+    """A model whose current start streak failed and that has no ready replica: failed
+    starts in a row, the last error, whether a start runs now and else the seconds until
+    the next may begin (the status summary says ``failing (3 in a row, next start in
+    20 s)``, steadily from one poll to the next). None for a ready, parked, unplaceable,
+    idle or stopped model and while no start of the streak failed."""
+    if state.state not in ("starting", "activating"):
+        return None
+    streak = start_streak(model, now, backoff)
+    if streak["failures"] < 1:
+        return None
+    starting = any(r.desired and r.state in STARTING for r in replicas)
+    return {"failures": streak["failures"], "last_error": streak["last_error"],
+            "starting": starting,
+            "next_start_in_s": None if starting else streak["retry_after_s"]}
 
 
 def start_streak(model: Any, now: float, backoff: tuple[float, float]

@@ -25,7 +25,7 @@ AT_CAPACITY = "at capacity"
 
 COLOURS = {"red": "31", "yellow": "33", "green": "32", "dim": "2", "bold": "1"}
 STATE_COLOUR = {"ready": "green", "idle": "dim", "parked": "red", "unplaceable": "red",
-                "failed": "red", "starting": "yellow", "activating": "yellow",
+                "failed": "red", "failing": "red", "starting": "yellow", "activating": "yellow",
                 "pending": "yellow", "fetching": "yellow", "stopping": "dim",
                 "stopped": "dim", "unreachable": "yellow"}
 
@@ -297,9 +297,11 @@ def models(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
 
 def model_state(m: dict[str, Any]) -> str:
     """``ready``, ``ready (on demand)``, ``ready, at capacity``, ``ready, rolling 1/2``,
-    ``ready, canary 10 %``, ``ready, rollout failed`` (the error: ``changes``)."""
-    roll = m.get("rollout")
-    return (m["state"] + (" (on demand)" if m["on_demand"] else "")
+    ``ready, canary 10 %``, ``ready, rollout failed`` (the error: ``changes``), ``failing
+    (3 in a row, next start in 20 s)`` (the last error: the reason)."""
+    roll, failing = m.get("rollout"), m.get("failing")
+    return ((failing["text"] if failing else m["state"])
+            + (" (on demand)" if m["on_demand"] else "")
             + (f", {AT_CAPACITY}" if m.get("at_capacity") else "")
             + ("" if not roll else ", rollout failed" if roll["state"] == "failed"
                else f", {roll['text']}"))
@@ -308,7 +310,7 @@ def model_state(m: dict[str, Any]) -> str:
 def model_reason(m: dict[str, Any]) -> str:
     """The reason, after what routers said at capacity when they did."""
     full = m.get("at_capacity")
-    reason = m["reason"] or ""
+    reason = telling_line(m["reason"]) if m["reason"] else ""
     if not full:
         return reason
     return full["note"] + (f"; {reason}" if reason else "")

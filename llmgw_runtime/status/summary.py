@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -12,6 +13,7 @@ from ..fleetvocab import (
     MAX_REPLICAS_PER_SHARED_DEVICE,
     heard_from,
     held_sources,
+    home_wait_s,
     label,
     label_of_id,
     shares_device,
@@ -23,6 +25,9 @@ SCHEMA = 1                      # bump when a field changes meaning or goes away
 # A model a router reported at capacity (every slot taken and requests waiting, or refused)
 # within this many seconds is "at capacity" (control/capacity.py merges the reports).
 AT_CAPACITY_S = 30.0
+# The catalog's routing by prompt prefix (api.catalog.Routing, which the summary does not
+# import: tests/status hold the two equal).
+AFFINITY = "prefix-affinity"
 
 
 def device_label(dev: dict[str, Any]) -> str:
@@ -247,6 +252,22 @@ def distinct_devices(entries: list[dict[str, Any]]) -> int:
     return len({d for e in entries for d in e["devices"]})
 
 
+def waiting_for_home(waiting: int, busy: int, slots: int | None,
+                     model: dict[str, Any]) -> str | None:
+    """Why requests wait while a slot is free: with prefix affinity each waits for the
+    replica holding its prompt's prefix, at most ``fleetvocab.home_wait_s`` of the model's
+    max_wait_s, then takes any free slot (docs/routing.md). ``2 waiting for the replica
+    holding their prompt's prefix (at most 15 s, then any free slot)``; None when nothing
+    waits, no slot is free, or the model routes by load alone."""
+    max_wait_s = model.get("max_wait_s")
+    if not waiting or not slots or busy >= slots or model.get("routing") != AFFINITY \
+            or not max_wait_s:
+        return None
+    bound = home_wait_s(float(max_wait_s))
+    return (f"{waiting} waiting for the replica holding their prompt's prefix "
+            f"(at most {bound:g} s, then any free slot)")
+
+
 def at_capacity(model: dict[str, Any], now: float) -> dict[str, Any] | None:
     """What routers reported of ``model`` at capacity within AT_CAPACITY_S (its stored
     ``capacity_at`` and ``capacity``), with a one-line ``note``; None when nothing was."""
@@ -257,19 +278,35 @@ def at_capacity(model: dict[str, Any], now: float) -> dict[str, Any] | None:
            **{k: report.get(k) or 0 for k in ("waiting", "in_flight", "slots", "rejected",
                                               "wait_p90_s")},
            "window_s": round(max(0.0, now - report.get("since", at)), 1)}
-    out["note"] = capacity_note(out)
+    out["note"] = capacity_note(out, waiting_for_home(out["waiting"], out["in_flight"],
+                                                      out["slots"], model))
     return out
 
 
-def capacity_note(c: dict[str, Any]) -> str:
-    """``6 waiting, 14 refused in the last 12 s; 4/4 slots busy; p90 wait 2.5 s``."""
-    text = f"{c['waiting']} waiting"
+def capacity_note(c: dict[str, Any], why: str | None = None) -> str:
+    """``6 waiting, 14 refused in the last 12 s; 4/4 slots busy; p90 wait 2.5 s``; ``why``
+    (``waiting_for_home``) in place of ``6 waiting`` when slots are free."""
+    text = why or f"{c['waiting']} waiting"
     if c["rejected"]:
         text += f", {c['rejected']} refused in the last {max(1, round(c['window_s']))} s"
     text += f"; {c['in_flight']}/{c['slots']} slots busy"
     if c["wait_p90_s"]:
         text += f"; p90 wait {c['wait_p90_s']:.1f} s"
     return text
+
+
+def failing_of(model: dict[str, Any]) -> dict[str, Any] | None:
+    """A failing model's streak as the control service derived it (``states.failing``:
+    failures, last_error, starting, next_start_in_s), with the ``text`` every view shows
+    in place of its state: ``failing (3 in a row, next start in 20 s)``, ``failing (3 in a
+    row, starting again)``. The same from one poll to the next, a start running or not."""
+    streak = model.get("failing")
+    if not streak:
+        return None
+    wait = streak.get("next_start_in_s")
+    when = ("starting again" if streak.get("starting") else
+            f"next start in {max(1, math.ceil(wait))} s" if wait else "next start now")
+    return {**streak, "text": f"failing ({streak['failures']} in a row, {when})"}
 
 
 def _filer_group(fabric: str, node: str) -> str:
@@ -283,7 +320,7 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
     """The summary every status view renders (schema: docs/api.md, "GET /api/v1/status"):
     nodes (cordoned and draining ones too), devices by class, free whole nodes and weights
     per fabric, replicas by state (and how many drain), models desired vs ready and in
-    rollout, parked, unplaceable and at-capacity models, idle replicas, the store."""
+    rollout, failing, parked, unplaceable and at-capacity models, idle replicas, the store."""
     full = {m["name"]: at_capacity(m, now) for m in models}
     rolls = {m["name"]: changes.rollout_of(m, replicas) for m in models}
     out_of_service = changes.maintenance(nodes, replicas)
@@ -305,7 +342,8 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
                     "wanted": m["wanted"], "reason": m["reason"],
                     "on_demand": m["on_demand"], "parked": bool(m.get("parked")),
                     "consecutive_failures": m.get("consecutive_failures", 0),
-                    "last_error": m.get("last_error"), "at_capacity": full[m["name"]],
+                    "last_error": m.get("last_error"), "failing": failing_of(m),
+                    "at_capacity": full[m["name"]],
                     "scaling": m.get("scaling"), "rollout": rolls[m["name"]],
                     **weights[m["name"]]}
                    for m in models],

@@ -251,3 +251,17 @@ def test_the_view_shows_current_target_min_max_and_the_signal() -> None:
                               "rejected": 0, "routers": 2}
     assert view["note"] == "wait 4.1 s (target 2 s), 8/4 slots busy, 10 waiting"
     assert autoscale.view(model(), [], NOW) is None
+
+
+def test_requests_waiting_beside_a_free_slot_say_they_wait_for_their_prefix() -> None:
+    # Issue 28: "2/3 slots busy, 2 waiting" said nothing of why requests waited while a
+    # slot was free (prefix affinity: each waits for the replica caching its prompt).
+    m = scaled(slots=1, load=load_text(2, 2, 0.5))
+    reps = [replica(f"r-{i}") for i in range(3)]
+    assert autoscale.view(m, reps, NOW)["note"] == (
+        "wait 0.5 s (target 2 s), 2/3 slots busy, 2 waiting for the replica holding their "
+        "prompt's prefix (at most 15 s, then any free slot)")
+    by_load = scaled(slots=1, load=load_text(2, 2, 0.5), routing="least-outstanding")
+    assert autoscale.view(by_load, reps, NOW)["note"].endswith("2/3 slots busy, 2 waiting")
+    full = scaled(slots=1, load=load_text(2, 3, 0.5))
+    assert autoscale.view(full, reps, NOW)["note"].endswith("3/3 slots busy, 2 waiting")

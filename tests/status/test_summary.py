@@ -192,3 +192,73 @@ def test_the_schema_refuses_what_it_should() -> None:
     s["idle"]["unknown"][0]["idle_s"] = "unknown"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(s, SCHEMA)
+
+
+# A failing model, poll after poll (issue 28: it showed `starting` for ~95 s with FAILURES
+# 2, 3, 4, and its reason came and went between the error and blank).
+ENGINE_LOG = ("start failed: exited with 1; last log lines:\nllama_model_loader: loaded\n"
+              "error: unknown argument: --flash-attn-bogus\nusage: llama-server [options]")
+TELLING = "start failed: exited with 1: error: unknown argument: --flash-attn-bogus"
+
+
+def poll(row: object, reps: list[object], now: float) -> tuple[dict, str]:
+    """The model as the control service shows it at ``now`` (fleet.models_view's state,
+    reason and streak, from the pure states), the summary, and its line of ``ctl status``."""
+    from llmgw_runtime.control import states
+    from llmgw_runtime.status.render import render
+
+    state = states.model_state(row, reps, now)
+    entry = {**model("m", state=state.state, ready=state.ready, wanted=state.wanted,
+                     reason=state.reason, klass="cpu", failures=row.consecutive_failures,
+                     last_error=row.last_error),
+             "failing": states.failing(row, reps, state, now,
+                                       (states.BACKOFF_BASE_S, states.BACKOFF_CAP_S))}
+    s = summary.build([entry], [node("n1", cpu())], [], now)
+    jsonschema.validate(json.loads(json.dumps(s)), SCHEMA)
+    line = next(line for line in render(s, width=160, sections=("models",)).splitlines()
+                if line.startswith("  m "))
+    return s["models"][0], line
+
+
+def test_a_failing_model_says_failing_with_its_last_error_at_every_poll() -> None:
+    from tests.control.test_decide import model as model_row
+    from tests.control.test_decide import replica as replica_row
+
+    t0 = NOW
+    row = model_row(consecutive_failures=3, last_failure_at=t0, last_error=ENGINE_LOG)
+    failed = replica_row("r-3", state="failed", desired=0, last_error=ENGINE_LOG)
+    seen = []
+    for t, reps in [(0, [failed]), (10, [failed]),             # the backoff after the 3rd
+                    (20, [failed, replica_row("r-4", state="pending")]),   # the 4th start
+                    (30, [failed, replica_row("r-4", state="starting")])]:
+        m, line = poll(row, reps, t0 + t)
+        assert m["state"] == "starting" and m["reason"] == ENGINE_LOG, (t, m)
+        assert TELLING in line and "  starting" not in line, line
+        seen.append(m["failing"]["text"])
+    assert seen == ["failing (3 in a row, next start in 20 s)",
+                    "failing (3 in a row, next start in 10 s)",
+                    "failing (3 in a row, starting again)",
+                    "failing (3 in a row, starting again)"]
+    row.consecutive_failures, row.last_failure_at = 4, t0 + 50   # the 4th failed too
+    m, line = poll(row, [failed], t0 + 50)
+    assert m["failing"]["text"] == "failing (4 in a row, next start in 40 s)" and TELLING in line
+    row.consecutive_failures = 0                                  # a start succeeded
+    ready = replica_row("r-5", state="ready")
+    assert poll(row, [ready], t0 + 99)[0]["failing"] is None
+
+
+def test_at_capacity_with_a_slot_free_says_requests_wait_for_their_prefix() -> None:
+    from llmgw_runtime.api.catalog import default
+
+    assert summary.AFFINITY == default("routing")        # the one the summary may not import
+    report = {"since": NOW - 5, "waiting": 2, "in_flight": 2, "slots": 3, "rejected": 0,
+              "wait_p90_s": 0.0}
+    m = {**model("chat"), "routing": "prefix-affinity", "max_wait_s": 30.0,
+         "capacity_at": NOW - 1, "capacity": report}
+    assert summary.at_capacity(m, NOW)["note"] == (
+        "2 waiting for the replica holding their prompt's prefix (at most 15 s, then any "
+        "free slot); 2/3 slots busy")
+    by_load = {**m, "routing": "least-outstanding"}
+    assert summary.at_capacity(by_load, NOW)["note"] == "2 waiting; 2/3 slots busy"
+    full = {**m, "capacity": {**report, "in_flight": 3}}
+    assert summary.at_capacity(full, NOW)["note"] == "2 waiting; 3/3 slots busy"
