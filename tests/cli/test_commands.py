@@ -260,6 +260,7 @@ def test_apply_dry_run_shows_the_change_and_changes_nothing(control: str, store:
     code, out = ctl(control, "apply", "-f", changed, "--prune", "--dry-run")
     assert (code, out.splitlines()) == (0, ["model c would be created",
                                             "model a would be updated",
+                                            "  replicas: 1 -> 2",
                                             "model b would be deleted",
                                             "dry run: nothing was changed"])
     code, out = ctl(control, "apply", "-f", changed, "--dry-run")
@@ -267,7 +268,7 @@ def test_apply_dry_run_shows_the_change_and_changes_nothing(control: str, store:
     assert model_rows(store) == before
     assert json.loads(ctl(control, "events", "-o", "json")[1])["events"] == events
     code, out = ctl(control, "apply", "-f", changed)             # the real thing agrees
-    assert (code, out.splitlines()) == (0, ["model c created", "model a updated",
+    assert (code, out.splitlines()) == (0, ["model c created", "model a updated: replicas",
                                             "1 model not in the catalog kept: b (--prune "
                                             "deletes them)"])
 
