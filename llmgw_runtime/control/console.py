@@ -93,6 +93,7 @@ def gb(mb: float | None) -> str:
 
 bp.add_app_template_filter(render.human_bytes, "bytes")
 bp.add_app_template_filter(telling_line, "telling")
+bp.add_app_template_filter(render.scaling_window, "scaling_window")
 
 
 @bp.after_request
@@ -225,11 +226,13 @@ def models() -> Any:
         now = now_of(conn)
         items = [{**m, "at_capacity": at_capacity(m, now)}
                  for m in fleet.models_view(conn, now)]
-        # each model's rollout as the summary says it (one summary behind every view)
-        rolls = {r["name"]: r for r in fleet.summary(
+        # each model's rollout and failing streak as the summary says them (one summary
+        # behind every view)
+        said = {m["name"]: m for m in fleet.summary(
             conn, now, fleet_settings(), idle_after_s=current_app.config["LLMGW"].idle_after_s,
-            store={})["rollouts"]}
-    items = [{**m, "rollout": rolls.get(m["name"])} for m in items]
+            store={})["models"]}
+    items = [{**m, "rollout": said.get(m["name"], {}).get("rollout"),
+              "failing": said.get(m["name"], {}).get("failing")} for m in items]
     retried = request.args.get("retried")
     return page("models.html", "Models", models=items,
                 retried=retried if retried in {m["name"] for m in items} else None)

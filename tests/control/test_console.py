@@ -355,3 +355,25 @@ def test_pages_show_rollouts_draining_replicas_and_nodes_out_of_placement(fleet:
     assert "ready, old definition" in row
     nodes_html = fleet.client.get("/console/nodes").get_data(as_text=True)
     assert re.search(r'gpu1 <span class="held"[^>]*>cordoned</span>', nodes_html)
+
+
+def test_a_failing_model_says_failing_with_its_last_error_in_the_console_and_status(
+        fleet: Api) -> None:
+    # Issue 28: a failing model showed `starting`, its reason there one poll and not the
+    # next. The console and the summary (ctl status, llmgw-status) say the same.
+    with fleet.store.begin() as conn:
+        repo.update_model(conn, "tiny", parked=0, consecutive_failures=3,
+                          last_failure_at=time.time(), last_error=OOM)
+    status = fleet.call("GET", "/api/v1/status").json
+    failing = next(m for m in status["models"] if m["name"] == "tiny")["failing"]
+    assert re.fullmatch(r"failing \(3 in a row, next start in (19|20) s\)", failing["text"])
+    assert failing["last_error"] == OOM
+    login(fleet)
+    html = fleet.client.get("/console/models").get_data(as_text=True)
+    row = html.split('id="model-tiny"')[1].split("</tr>")[0]
+    assert 'class="state state-failing">failing (3 in a row, next start in' in row, row
+    assert "CUDA out of memory" in row
+    html = fleet.client.get("/console/").get_data(as_text=True)
+    row = html.split('id="summary-model-tiny"')[1].split("</tr>")[0]
+    assert 'class="state-failing">failing (3 in a row, next start in' in row, row
+    assert "CUDA out of memory" in row

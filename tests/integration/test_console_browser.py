@@ -4,6 +4,7 @@ to $LLMGW_TEST_ARTIFACTS (default .llmgw/test-artifacts/) for review."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -31,6 +32,11 @@ LONG_ERROR = ("start failed: exited with 1; last log lines:\n"
               + "usage: llama-server [options]\nsupported flags: --ctx-size, --threads\n")
 TELLING = "start failed: exited with 1: error: unknown argument: --flash-attn-bogus"
 PAGES = ("Summary", "Nodes", "Models", "Replicas", "Events")
+# A scaled model with a long name, and a placement reason that runs long.
+SCALED = ("  - name: scaled-" + "x" * 40 + "\n    source: file:///nowhere/scaled.gguf\n"
+          "    engine: llama.cpp\n    profile: {class: cpu}\n    replicas: {min: 1, max: 4}\n")
+LONG_REASON = ("no reporting node has a device of class cpu (classes seen: "
+               + ", ".join(f"a100-80g-mig-{i}g.{10 * i}gb" for i in range(1, 12)) + ")")
 
 
 def report_gpu_node(cluster: Cluster, name: str = "gpu-01") -> None:
@@ -88,12 +94,18 @@ def test_log_in_see_a_parked_model_press_retry_see_it_unparked(
 
     cluster: Cluster = cluster_factory()
     cluster.start_control({"LLMGW_CONSOLE_REFRESH_S": "30"})
-    cluster.apply(tiny_catalog(tmp_path / "tiny.gguf"))
+    cluster.apply(tiny_catalog(tmp_path / "tiny.gguf") + SCALED)
     store = Store(cluster.store_url)
     try:
         with store.begin() as conn:
             repo.update_model(conn, "tiny", parked=1, consecutive_failures=5, last_error=OOM)
             repo.add_event(conn, time.time(), "failed", "tiny", LONG_ERROR)
+            # long texts in every wide cell of the Models page (issue 28: it scrolled
+            # sideways at 1280 px, the autoscaling cell six lines high)
+            repo.update_model(conn, "scaled-" + "x" * 40, consecutive_failures=2,
+                              last_error=LONG_ERROR, placement_reason=LONG_REASON,
+                              scale_state=json.dumps({"high_since": time.time() - 90,
+                                                      "blocked": LONG_REASON}))
     finally:
         store.dispose()
     assert cluster.model("tiny")["state"] == "parked"
@@ -145,6 +157,30 @@ def test_log_in_see_a_parked_model_press_retry_see_it_unparked(
     after_png = shots / "console-after-retry.png"
     assert browser.save_screenshot(str(after_png))
 
+    # A laptop (1280 px): the Models page fits without scrolling sideways, the autoscaling
+    # cell is a few lines, the long error and reason folded to a line each.
+    browser.set_window_size(1280, 900)
+    for title in ("Summary", "Models"):
+        browser.find_element(By.LINK_TEXT, title).click()
+        wait_for(browser, f"the {title} page", lambda d, t=title: d.title.startswith(t))
+        wide, seen = browser.execute_script(
+            "return [document.documentElement.scrollWidth, "
+            "document.documentElement.clientWidth]")
+        assert wide <= seen, f"the {title} page scrolls sideways at 1280 px: {wide} > {seen}"
+    row = browser.find_element(By.ID, "model-scaled-" + "x" * 40)
+    line = browser.execute_script(
+        "return parseFloat(getComputedStyle(arguments[0]).lineHeight)", row)
+    scaling = row.find_element(By.CSS_SELECTOR, "td.scaling")
+    high = browser.execute_script(CONTENT_HEIGHT, scaling)
+    assert "(1-4)" in scaling.text and high < 4 * line, (high, scaling.text)
+    for cell in row.find_elements(By.CSS_SELECTOR, "td"):
+        assert cell.rect["x"] + cell.rect["width"] <= seen, f"{cell.text[:40]} off-screen"
+    wide_png = shots / "console-models-1280px.png"
+    assert browser.save_screenshot(str(wide_png))
+    folds = row.find_elements(By.CSS_SELECTOR, "details.fold > summary")
+    assert folds and all(f.is_displayed() and f.size["height"] < 1.5 * line for f in folds)
+    browser.set_window_size(1400, 1100)
+
     model = cluster.model("tiny")
     assert not model["parked"] and model["consecutive_failures"] == 0
     events = cluster.admin.get("/api/v1/events")["events"]
@@ -190,6 +226,13 @@ def test_log_in_see_a_parked_model_press_retry_see_it_unparked(
     finally:
         browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
+
+# The height of an element's content (a table cell is as high as its row).
+CONTENT_HEIGHT = """
+const range = document.createRange();
+range.selectNodeContents(arguments[0]);
+return range.getBoundingClientRect().height;
+"""
 
 # True when the element's centre is inside the window and the element (not something over
 # it) is what a tap there would hit.
