@@ -67,10 +67,10 @@ def test_any_other_answer_passes_as_the_engine_gave_it(status: int, body: bytes)
 
 
 def _answer(status: int, body: bytes) -> bytes:
-    """As llama-server answers an error (its empty CORS field included)."""
+    """As llama-server answers an error (its empty CORS field and its close included)."""
     return (f"HTTP/1.1 {status} Error\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\n"
             "Content-Type: application/json; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
 
 @pytest.fixture
@@ -79,6 +79,7 @@ def llama_like() -> Iterator[str]:
     llama-server started without --embeddings and with a small context does."""
     def answer(conn: socket.socket, n: int) -> None:
         conn.sendall(_answer(*(NO_EMBEDDINGS if n == 0 else CONTEXT)))
+        conn.shutdown(socket.SHUT_WR)
 
     engine = Engine(answer)
     ctl = FakeControl(table(model("tiny", endpoints=[("r-0", engine.url)])),

@@ -77,6 +77,12 @@ class Engine:
                 pass
 
     def close(self) -> None:
+        # shutdown first: it wakes the accepting thread now, so that it cannot take a
+        # connection meant for a later listener that gets the same descriptor number
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._sock.close()
 
 
