@@ -6,12 +6,13 @@ import logging
 from typing import Any
 
 from flask import Blueprint, Flask, jsonify
+from sqlalchemy.exc import DBAPIError
 
 from .. import __version__, settings
 from ..api.admin import Health
 from ..api.openapi import control_document
 from ..errors import StoreError
-from ..store import Store, repo
+from ..store import Store, failover, repo
 from ..store.members import StoreHealth
 from . import (
     admin_api,
@@ -26,7 +27,7 @@ from . import (
 )
 from .config import ControlConfig
 from .reconcile import LEASE
-from .web import install_error_handlers, store
+from .web import error_response, install_error_handlers, store
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,49 @@ def healthz() -> Any:
             holder = repo.lease_holder(conn, LEASE, store().now(conn))
     except StoreError as exc:
         return jsonify(Health(status="store_unavailable", message=exc.message, leader=None,
-                              version=__version__).to_json()), 503
+                              version=__version__).to_json()), 503, RETRY_AFTER
     return jsonify(Health(status="ok", leader=holder, version=__version__).to_json())
+
+
+RETRY_AFTER = {"Retry-After": str(failover.RETRY_AFTER_S)}
+STORE_RETRY = (f"retry in {failover.RETRY_AFTER_S} s (Retry-After); the store pauses for up "
+               "to half a minute while a failover elects a new primary. A write answered "
+               "so may have been saved: sending the same request again is safe (a "
+               "catalog, report or change applied twice counts once; a create answers "
+               "409 if the first was saved)")
+
+
+def install_store_waits(app: Flask, wait_s: float) -> None:
+    """Each request waits at most ``wait_s`` for the store (store/failover.py set_wait:
+    a transaction, a connection, the retries), and a store that does not answer is a 503
+    with Retry-After instead of a request that hangs past its client's timeout."""
+
+    @app.before_request
+    def _bound() -> None:
+        failover.set_wait(wait_s)
+
+    @app.teardown_request
+    def _unbound(_exc: BaseException | None) -> None:
+        failover.set_wait(None)
+
+    @app.errorhandler(StoreError)
+    def _store(exc: StoreError) -> Any:
+        app.logger.warning("%s: %s", exc.reason, exc.message)
+        body, status = error_response(503, exc.reason, exc.message,
+                                      [*exc.details, STORE_RETRY])
+        body.headers.update(RETRY_AFTER)
+        return body, status
+
+    @app.errorhandler(DBAPIError)
+    def _database(exc: DBAPIError) -> Any:
+        why = failover.classify(exc)
+        if why is None:                     # about the statement: a bug, a 500
+            app.logger.exception("database error")
+            return error_response(500, "internal_error", "the control service failed "
+                                  "unexpectedly; see its log")
+        first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        return _store(failover.StoreUnavailable(f"the store cannot be reached: {first} "
+                                                f"({why})"))
 
 
 @health.get("/openapi.json")
@@ -61,6 +103,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     app.extensions["llmgw.store_health"] = StoreHealth(config.store_members_urls,
                                                        etcd=config.store_etcd_urls)
     install_error_handlers(app)
+    install_store_waits(app, config.store_wait_s)
     agent_api.install(app)
     for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, keys_api.bp, status_api.bp,
                usage_api.bp, rollout_api.bp, console.bp):

@@ -34,6 +34,11 @@ class ControlConfig:
     router_token: str = ""
     instance_name: str = ""             # default: hostname:pid (gunicorn's master pid)
     reconcile_interval_s: float = 1.0
+    # How long a web request waits for the store (one transaction, a connection, and the
+    # retries through a failover together) before it is answered 503 with Retry-After:
+    # a whole request stays under about twice this, below the routers' and agents' 10 s
+    # and common 30 s client timeouts (docs/store.md, "Failover").
+    store_wait_s: float = 4.0
     lease_ttl_s: float = 10.0
     node_timeout_s: float = 30.0        # silent longer: the node is not capacity
     replace_after_s: float = 120.0      # silent longer: its replicas are placed elsewhere
@@ -76,6 +81,9 @@ class ControlConfig:
         if self.worker_connections < 1:
             problems.append("LLMGW_WORKER_CONNECTIONS must be at least 1 (each agent and "
                             "router keeps a connection open: at least the number of agents)")
+        if not 0 < self.store_wait_s <= 60:
+            problems.append(f"LLMGW_STORE_WAIT_S={self.store_wait_s:g} must be above 0 and at "
+                            "most 60 seconds (keep twice it below your clients' timeouts)")
         if self.lease_ttl_s <= self.reconcile_interval_s * 2:
             problems.append("LLMGW_LEASE_TTL_S must be more than twice "
                             "LLMGW_RECONCILE_INTERVAL_S, or leadership flaps")

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,7 +32,11 @@ from .failover import (
     StoreUnavailable,
     classify,
     connect_kwargs,
+    connect_timeout_s,
+    retry_left_s,
+    sever,
     unreplicated_notice,
+    wait_s,
 )
 from .schema import generations
 
@@ -102,13 +106,46 @@ def _postgres_engine(url: str) -> Engine:
 
     dsn = url.replace("postgresql+psycopg2://", "postgresql://", 1)
     extra = connect_kwargs(dsn)
-    return sa.create_engine(
+
+    def connect() -> Any:
+        # Under a wait bound (failover.set_wait) a new connection waits no longer than it,
+        # unless the URL sets connect_timeout itself.
+        bound = wait_s()
+        if bound is not None and "connect_timeout" in extra:
+            return psycopg2.connect(dsn, **{**extra,
+                                            "connect_timeout": connect_timeout_s(bound)})
+        return psycopg2.connect(dsn, **extra)
+
+    engine = sa.create_engine(
         "postgresql+psycopg2://",
-        creator=lambda: psycopg2.connect(dsn, **extra),
+        creator=connect,
         pool_pre_ping=True,
         pool_size=12,          # gunicorn threads + the reconciler, without churn
         max_overflow=10,
     )
+    # The ping of a pooled connection is bounded too: to a server that stopped answering
+    # it would wait for ever (its kernel still acknowledges, so no keepalive fails).
+    ping = engine.dialect.do_ping
+
+    def bounded_ping(dbapi_conn: Any) -> bool:
+        with bounded(dbapi_conn):
+            return bool(ping(dbapi_conn))
+
+    setattr(engine.dialect, "do_ping", bounded_ping)  # noqa: B010 - an instance's own
+    return engine
+
+
+@contextmanager
+def bounded(raw: Any) -> Iterator[None]:
+    """Within: the connection ``raw`` is severed (failover.sever) when this thread's wait
+    bound (failover.set_wait) passes first; unbounded threads wait as long as it takes."""
+    bound = wait_s()
+    entry = None if bound is None else WATCHDOG.watch(raw, bound, action=sever)
+    try:
+        yield
+    finally:
+        if entry is not None:
+            WATCHDOG.done(entry)
 
 
 CHANGED = "llmgw.fleet_changed"
@@ -169,14 +206,18 @@ class Store:
         (:class:`StoreUnavailable`; :class:`NotAcknowledged` for a COMMIT cancelled while
         waiting for the synchronous standby)."""
         try:
-            with self.engine.connect() as conn, conn.begin() as trans:
-                conn.info.pop(CHANGED, None)
-                yield conn
-                moved = conn.info.pop(CHANGED, None)
-                if moved:
-                    bump(conn)
-                if self.dialect == "postgresql":
-                    self._commit(conn, trans)
+            with self.engine.connect() as conn:
+                raw = conn.connection.dbapi_connection
+                # bounded: the whole transaction, its rollback and the pool's reset too
+                with bounded(raw) if self.dialect == "postgresql" else nullcontext(), \
+                        conn.begin() as trans:
+                    conn.info.pop(CHANGED, None)
+                    yield conn
+                    moved = conn.info.pop(CHANGED, None)
+                    if moved:
+                        bump(conn)
+                    if self.dialect == "postgresql":
+                        self._commit(conn, trans)
             if moved:
                 self.moves += 1            # this process reads its own writes at once
         except DBAPIError as exc:
@@ -234,6 +275,9 @@ class Store:
         budget = self.retry_for_s if retry_for_s is None else retry_for_s
         if not idempotent or self.dialect != "postgresql":
             budget = 0.0
+        left = retry_left_s()           # a web request's bound (failover.set_wait)
+        if left is not None:
+            budget = max(0.0, min(budget, left))
         started = time.monotonic()
         delay, attempts = 0.05, 0
         while True:

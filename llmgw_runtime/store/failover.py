@@ -9,6 +9,15 @@ client, and a bound on a COMMIT that waits for the synchronous standby.
   statement_timeout does not fire there, and a cancelled wait still reports success, with a
   WARNING that the transaction "might not have been replicated": :func:`unreplicated_notice`
   finds it, and the store treats that write as not acknowledged.
+- A wait bound per thread (:func:`set_wait`; the control service's web requests,
+  ``LLMGW_STORE_WAIT_S``): a transaction, its pooled connection's ping and a new
+  connection each wait at most that long for the server, after which the same watchdog
+  severs the connection's socket (:func:`sever`: the blocked read returns at once, the
+  connection is dropped), and retries stop that long after the request began. A server
+  that stops answering (a lost node before its keepalives tell, a paused postmaster) is
+  then a 503 with Retry-After within seconds, not a request hanging past its client's
+  timeout. Server-side timeouts (statement_timeout, lock_timeout) cannot do this: a
+  server that does not run does not time out.
 """
 
 from __future__ import annotations
@@ -16,8 +25,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
+import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -33,6 +45,8 @@ LIBPQ_DEFAULTS = {"connect_timeout": "5", "keepalives": "1", "keepalives_idle": 
                   "tcp_user_timeout": "10000"}
 
 READ_ONLY = "25006"            # read_only_sql_transaction: a standby, or a demoted primary
+RETRY_AFTER_S = 5              # what a 503 for an unavailable store asks clients to wait
+MIN_CONNECT_TIMEOUT_S = 2      # libpq's own floor for connect_timeout
 
 
 class StoreUnavailable(StoreError):
@@ -66,6 +80,55 @@ def classify(exc: DBAPIError) -> str | None:
     return None
 
 
+_BOUND = threading.local()
+
+
+def set_wait(seconds: float | None) -> None:
+    """Bound this thread's waits for the store to ``seconds`` from now on (None: unbound,
+    as the reconciler and migrations run): each transaction, ping and connection waits at
+    most ``seconds`` for the server, and retries stop ``seconds`` after this call."""
+    _BOUND.wait_s = seconds
+    _BOUND.until = None if seconds is None else time.monotonic() + seconds
+
+
+def wait_s() -> float | None:
+    """This thread's bound on one wait for the server (None: unbound)."""
+    return getattr(_BOUND, "wait_s", None)
+
+
+def retry_left_s() -> float | None:
+    """Seconds left for retries under this thread's bound (None: unbound)."""
+    until = getattr(_BOUND, "until", None)
+    return None if until is None else until - time.monotonic()
+
+
+def connect_timeout_s(bound_s: float) -> str:
+    """libpq's connect_timeout for a connection made under a wait bound of ``bound_s``:
+    whole seconds, at least libpq's floor, at most the default."""
+    ceiling = int(LIBPQ_DEFAULTS["connect_timeout"])
+    return str(max(MIN_CONNECT_TIMEOUT_S, min(ceiling, int(bound_s + 0.999))))
+
+
+def sever(raw: Any) -> None:
+    """Shut down the socket of a psycopg2 connection from another thread: a read blocked
+    on it returns at once ("server closed the connection unexpectedly"), and the pool drops
+    the connection. The descriptor stays libpq's (a duplicate is shut down and closed)."""
+    try:
+        fd = raw.fileno()
+    except Exception:  # noqa: BLE001 - already closed: nothing waits on it
+        return
+    try:
+        dup = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        dup.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        dup.close()
+
+
 def unreplicated_notice(notices: list[str]) -> str | None:
     """PostgreSQL's warning that a COMMIT stopped waiting for the synchronous standby."""
     for notice in notices:
@@ -75,18 +138,22 @@ def unreplicated_notice(notices: list[str]) -> str | None:
 
 
 class _Watch:
-    __slots__ = ("raw", "deadline", "fired", "done")
+    __slots__ = ("raw", "deadline", "fired", "done", "action")
 
-    def __init__(self, raw: Any, deadline: float) -> None:
+    def __init__(self, raw: Any, deadline: float,
+                 action: Callable[[Any], None] | None = None) -> None:
         self.raw = raw
         self.deadline = deadline
         self.fired = False
         self.done = False
+        self.action = action
 
 
 class CommitWatchdog:
     """Cancels (``connection.cancel()``, libpq's cancel request) a COMMIT that waits past
-    its deadline. One daemon thread for the whole process, started on first use."""
+    its deadline, or runs another ``action`` on a connection at its deadline (:func:`sever`,
+    run under the lock, so never on a connection whose watch is done: it may be another
+    thread's by then). One daemon thread for the whole process, started on first use."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -94,8 +161,9 @@ class CommitWatchdog:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def watch(self, raw: Any, timeout_s: float) -> _Watch:
-        entry = _Watch(raw, time.monotonic() + timeout_s)
+    def watch(self, raw: Any, timeout_s: float,
+              action: Callable[[Any], None] | None = None) -> _Watch:
+        entry = _Watch(raw, time.monotonic() + timeout_s, action)
         with self._cond:
             heapq.heappush(self._heap, (entry.deadline, next(self._seq), entry))
             if self._thread is None or not self._thread.is_alive():
@@ -123,10 +191,13 @@ class CommitWatchdog:
                     _, _, entry = heapq.heappop(self._heap)
                     if not entry.done:
                         entry.fired = True
-                        due.append(entry)
+                        if entry.action is not None:     # quick, and only while not done
+                            entry.action(entry.raw)
+                        else:
+                            due.append(entry)
                 if not due:
                     wait = self._heap[0][0] - now if self._heap else 60.0
-                    self._cond.wait(wait)
+                    self._cond.wait(max(wait, 0.0))
                     continue
             for entry in due:      # outside the lock: a cancel to a dead host may block
                 try:
