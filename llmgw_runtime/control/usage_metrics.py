@@ -2,7 +2,8 @@
 ``llmgw_key_tokens_total{kind="prompt"|"completion"}``), read from the store's totals at
 each scrape (one query): they count since the store began, so a router's restart does not
 reset them. Keys are named as the admin named them (``-``: requests without a key;
-``(deleted)``: a key deleted before its router reported)."""
+``(deleted)``: a key deleted before its router reported); models by their catalog names
+(``(unknown)``: any name the catalog did not have, so reports cannot add series)."""
 
 from __future__ import annotations
 
