@@ -92,6 +92,10 @@ def agent(**flags: Any) -> None:
               help="whether every request needs an API key (`llmgw ctl keys create`); "
                    "keys are required unless --no-require-api-key (a trusted network) "
                    "[$LLMGW_REQUIRE_API_KEY]")
+@click.option("--cors-origins", default=None, metavar="ORIGINS",
+              help="origins whose web pages may call the router from a browser: a comma "
+                   "list of scheme://host[:port], or * for any; none by default "
+                   "[$LLMGW_CORS_ORIGINS]")
 def router(**flags: Any) -> None:
     """Run the OpenAI-compatible router."""
     from ..router.config import RouterConfig

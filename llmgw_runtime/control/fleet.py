@@ -27,13 +27,14 @@ from ..api import admin
 from ..api.admin import Model, NodeDeleted
 from ..api.catalog import ModelSpec
 from ..api.fields import clean
-from ..api.router import ActivateAnswer, IdleMap, Routes, Unreachable
+from ..api.router import ERROR_LINE, ActivateAnswer, IdleMap, Routes, Unreachable
 from ..api.states import Activation
 from ..catalog.names import fallback_problems, name_clashes
 from ..errors import CatalogError, ConflictError, NotFoundError
 from ..fleetvocab import heard_from
 from ..placement import place
 from ..status import summary as status_summary
+from ..status.telling import error_line
 from ..store import accounts, repo
 from ..store.models import row_to_spec
 from . import autoscale, capacity, drain, rollout, rollout_ops, snapshot
@@ -300,8 +301,10 @@ def activate(conn: Connection, name: str, now: float, settings: Settings) -> Act
     state = model_state(model, [r for r in fleet.replicas if r.model == name], now)
     answer = Activation("starting" if state.state in ("idle", "activating") and not reason
                         else state.state)
-    return ActivateAnswer(model=name, state=answer, reason=clean(state.reason),
-                          failures=streak["failures"], last_error=clean(streak["last_error"]),
+    return ActivateAnswer(model=name, state=answer,
+                          reason=error_line(clean(state.reason), ERROR_LINE),
+                          failures=streak["failures"],
+                          last_error=error_line(clean(streak["last_error"]), ERROR_LINE),
                           retry_after_s=streak["retry_after_s"])
 
 
