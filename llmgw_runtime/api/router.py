@@ -124,6 +124,11 @@ IdleSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e9)]
 QueueSeconds = Annotated[float, Field(allow_inf_nan=False, ge=0, le=MAX_WAIT_S)]
 
 
+# The first-byte times routers count per model for the control service's history
+# (api/history.py): upper bounds in seconds; a last count is of the times above them.
+FIRST_BYTE_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
 class ModelCapacity(Message):
     """One model's load in one router (all its workers), over the interval since this
     worker's last post: what the control service scales on (docs/autoscaling.md) and
@@ -143,6 +148,10 @@ class ModelCapacity(Message):
     # Whether every slot was taken with requests waiting or refused in the interval; a
     # router older than the field posted only such models.
     at_capacity: Bool = True
+    # Requests whose first byte came in the interval, counted per FIRST_BYTE_BUCKETS_S
+    # bucket (len + 1 counts, the last above them); empty: none, or an older router.
+    first_byte: list[SmallCount] = Field(default_factory=list,
+                                         max_length=len(FIRST_BYTE_BUCKETS_S) + 1)
 
 
 class VersionCounts(Message):

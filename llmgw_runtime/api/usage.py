@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictStr
 
-from .fields import ID_RE, MAX_INT, Answer, Bool, Count, Finite, Message, Name
+from .fields import ID_RE, MAX_INT, Answer, Bool, Count, Finite, Message, Name, NonNegative
 
 MAX_USAGE_ENTRIES = 10_000     # (key, model) pairs in one report
 # One entry's counts: far above what a router worker serves between two reports (seconds
@@ -80,3 +80,33 @@ class UsageList(Answer):
     until: Finite
     by: UsageBy
     rows: list[UsageRow]
+
+
+DeviceHoursBy = Literal["model", "key", "key,model"]
+
+
+class DeviceHoursRow(Answer):
+    """Device-hours of one model (or key, or key and model) on one device class: the hours
+    its replicas held devices of that class (starting, ready or draining); a key's are each
+    model's hours shared by the key's part of that model's tokens in each hour. ``cost``:
+    ``device_hours`` times the class's ``cost_per_device_hour`` (None: no price set)."""
+
+    key: str | None = None
+    model: str | None = None
+    device_class: str
+    device_hours: NonNegative
+    cost: NonNegative | None = None
+
+
+class DeviceHoursList(Answer):
+    """``GET /api/v1/usage/gpu-hours``: device-hours from ``since`` (the start of the hour
+    the asked period began in, store clock) until ``until`` (now), summed ``by`` key, model
+    or both, per device class. ``unattributed``: a model's hours with no tokens reported
+    in that hour (held but unused, or used without usage reports), per model and class
+    when by key."""
+
+    since: Finite
+    until: Finite
+    by: DeviceHoursBy
+    rows: list[DeviceHoursRow]
+    unattributed: list[DeviceHoursRow] = Field(default_factory=list)

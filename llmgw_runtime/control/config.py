@@ -71,6 +71,16 @@ class ControlConfig:
     # (comma-separated networks, e.g. 10.20.0.0/16 when agents report through a NAT or a
     # proxy). Empty: a node may only claim the address it reports from (docs/security.md).
     agent_networks: str = ""
+    # The fleet's history for the console's charts (store/history.py): hourly points are
+    # kept this many days (minute points two days); 0 keeps no history.
+    history_days: float = 14.0
+    # GPU-hours priced (control/gpu_hours.py): "CLASS=PRICE,..." per device-hour of each
+    # device class (e.g. "nvidia-h100-80gb=2.5,cpu=0"); a class not named has no price.
+    cost_per_device_hour: str = ""
+    # OpenTelemetry: when set, spans of control-service requests and reconciler passes go
+    # to this OTLP/HTTP endpoint (http://collector:4318); off when empty, at no cost.
+    otel_endpoint: str = ""
+    otel_sample_ratio: float = 1.0      # the share of traces kept (0-1), by trace id
 
     def validate(self) -> list[str]:
         problems = []

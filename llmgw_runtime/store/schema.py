@@ -199,6 +199,48 @@ routers = Table(
     Index("ix_routers_heard", "heard"),
 )
 
+# The fleet's history (revision 0017, store/history.py): what the reconciler saw per
+# model and per device class each minute (step 60, kept two days) and the hours those roll
+# up into (step 3600, kept history_days); ``t`` is the period's start (store clock).
+# ``first_byte``: JSON counts of the routers' first-byte times per
+# api.router.FIRST_BYTE_BUCKETS_S bucket (the last: above them); NULL: none answered.
+history_models = Table(
+    "history_models", metadata,
+    Column("model", String(200), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("t", Float, primary_key=True),
+    Column("ready", Integer, nullable=False, default=0),
+    Column("wanted", Integer, nullable=False, default=0),
+    Column("waiting", Integer, nullable=False, default=0),
+    Column("busy", Integer, nullable=False, default=0),
+    Column("slots", Integer, nullable=False, default=0),
+    Column("refused", BigInteger, nullable=False, default=0),
+    Column("requests", BigInteger, nullable=False, default=0),
+    Column("first_byte", Text, nullable=True),
+    Index("ix_history_models_t", "step", "t"),
+)
+history_classes = Table(
+    "history_classes", metadata,
+    Column("device_class", String(100), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("t", Float, primary_key=True),
+    Column("devices", Integer, nullable=False, default=0),     # devices of live nodes
+    Column("used", Integer, nullable=False, default=0),        # held by replicas
+    Column("replicas", Integer, nullable=False, default=0),    # ready replicas on them
+    Index("ix_history_classes_t", "step", "t"),
+)
+
+# Device-time (revision 0017, store/devicetime.py): the device-seconds each model's
+# replicas held (starting, ready or draining) per hour (``bucket``: its start, store
+# clock) and device class; GPU-hours per key share a model's hour by the key's tokens.
+device_time = Table(
+    "device_time", metadata,
+    Column("bucket", Float, primary_key=True),
+    Column("model", String(200), primary_key=True),
+    Column("device_class", String(100), primary_key=True),
+    Column("seconds", Float, nullable=False, default=0),
+)
+
 leases = Table(
     "leases", metadata,
     Column("name", String(64), primary_key=True),
