@@ -134,6 +134,13 @@ CONTROL_ROUTES = (
                     "how far back: 24h (the default), 7d, 90m or seconds"),
               Param("by", "query", {"enum": ["key", "model", "key,model"]},
                     "what to sum by (default key,model)"))),
+    Route("get", "/api/v1/usage/gpu-hours", "device-hours of the models' replicas per "
+          "device class, per model or shared per API key by tokens, priced by "
+          "LLMGW_COST_PER_DEVICE_HOUR", ADMIN, usage.DeviceHoursList, params=(
+              Param("since", "query", {"type": "string", "maxLength": 32},
+                    "how far back: 24h (the default), 7d, 90m or seconds"),
+              Param("by", "query", {"enum": ["key", "model", "key,model"]},
+                    "what to sum by (default key,model)"))),
     Route("get", "/metrics", "Prometheus metrics (text exposition format); open unless "
           "LLMGW_METRICS_TOKEN is set", None, "MetricsText", content="text/plain",
           errors=(401,), extra={"security": [{}, {"metrics": []}]}),

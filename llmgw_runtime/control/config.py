@@ -111,6 +111,13 @@ class ControlConfig:
             _ = self.agent_network_list
         except ValueError as exc:
             problems.append(f"LLMGW_AGENT_NETWORKS={self.agent_networks!r}: {exc}")
+        try:
+            from .gpu_hours import parse_costs
+
+            parse_costs(self.cost_per_device_hour)
+        except ValueError as exc:
+            problems.append(f"LLMGW_COST_PER_DEVICE_HOUR={self.cost_per_device_hour[:80]!r}: "
+                            f"{exc}")
         problems += [p for p in (token_problem(f"LLMGW_{name.upper()}", getattr(self, name))
                                  for name in ("admin_token", "join_token", "router_token"))
                      if p]

@@ -22,6 +22,7 @@ from ..store import Store, repo
 from . import fleet
 from .config import ControlConfig
 from .decide import Changes, Settings
+from .gpu_hours import DeviceClock
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class Reconciler:
         self._stop = threading.Event()
         self._last_error: str | None = None
         self._warned: dict[str, tuple[str, float]] = {}
+        self.device_clock = DeviceClock(config)     # GPU-hours (control/gpu_hours.py)
 
     # ------------------------------------------------------------ one cycle
 
@@ -50,6 +52,7 @@ class Reconciler:
             log.info("%s %s leadership", self.holder, "took" if leader else "lost")
             self.is_leader = leader
         if not leader:
+            self.device_clock.flush(self.store)     # what it counted while leading
             return False
         with self.store.begin() as conn:
             now = self.store.now(conn)
@@ -57,6 +60,7 @@ class Reconciler:
                 self.is_leader = False
                 return False
             changes = fleet.reconcile(conn, now, self.settings)
+            self.device_clock.observe(conn, now)
         self._log_placement(changes, now)
         return True
 
@@ -75,6 +79,7 @@ class Reconciler:
                 self._warned[model] = (reason, now)
 
     def release(self) -> None:
+        self.device_clock.flush(self.store)
         try:
             with self.store.begin() as conn:
                 repo.release_lease(conn, LEASE, self.holder)
