@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import tls
+from .. import tls, tracing
 from ..security import token_problem
 
 
@@ -121,6 +121,7 @@ class ControlConfig:
         problems += [p for p in (token_problem(f"LLMGW_{name.upper()}", getattr(self, name))
                                  for name in ("admin_token", "join_token", "router_token"))
                      if p]
+        problems += tracing.problems(self.otel_endpoint, self.otel_sample_ratio)
         problems += tls.serving_problems(self.tls_cert, self.tls_key)
         problems += tls.ca_problems(self.ca_file)
         url = self.database_url

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .. import tls
+from .. import tls, tracing
 from ..security import token_problem
 from .cors import parse_origins
 from .tables.slots import parse_share
@@ -43,6 +43,12 @@ class RouterConfig:
     # LLMGW_CORS_ORIGINS: the web pages (origins, comma separated, or "*" for any) whose
     # scripts may call the router from a browser (cors.py); none by default.
     cors_origins: str = ""
+    # LLMGW_OTEL_ENDPOINT: when set, spans of each proxied request go to this OTLP/HTTP
+    # receiver (http://collector:4318; router/tracing.py); off when empty, at no cost.
+    otel_endpoint: str = ""
+    # LLMGW_OTEL_SAMPLE_RATIO: the share of traces kept (0-1), by trace id; a client's
+    # traceparent keeps its own decision.
+    otel_sample_ratio: float = 1.0
 
     @property
     def cors_origin_set(self) -> frozenset[str]:
@@ -108,6 +114,7 @@ class RouterConfig:
             parse_origins(self.cors_origins)
         except ValueError as exc:
             problems.append(f"{exc}; set LLMGW_CORS_ORIGINS")
+        problems += tracing.problems(self.otel_endpoint, self.otel_sample_ratio)
         problems += tls.serving_problems(self.tls_cert, self.tls_key)
         problems += tls.ca_problems(self.ca_file)
         return problems
