@@ -47,10 +47,12 @@ build-deps:
 	fi
 
 # Debian packages the tests need, only when missing and only as root: PostgreSQL, etcd and
-# Patroni (the replicated store on loopback), Chromium and its WebDriver (the console).
+# Patroni (the replicated store on loopback), Chromium and its WebDriver (the console),
+# Prometheus's server (the Grafana dashboards' queries run against it).
 system-deps:
 	@missing=""; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	test -x /usr/bin/prometheus || missing="$$missing prometheus"; \
 	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
 	command -v patroni >/dev/null || missing="$$missing patroni"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
