@@ -19,7 +19,7 @@ from types import FrameType
 
 from ..errors import StoreError
 from ..store import Store, repo
-from . import fleet
+from . import fleet, history
 from .config import ControlConfig
 from .decide import Changes, Settings
 from .gpu_hours import DeviceClock
@@ -39,6 +39,8 @@ class Reconciler:
         self._stop = threading.Event()
         self._last_error: str | None = None
         self._warned: dict[str, tuple[str, float]] = {}
+        # the fleet's history: a point per minute (control/history.py)
+        self.history = history.Recorder(config.history_days, self.settings.node_timeout_s)
         self.device_clock = DeviceClock(config)     # GPU-hours (control/gpu_hours.py)
 
     # ------------------------------------------------------------ one cycle
@@ -62,6 +64,7 @@ class Reconciler:
             changes = fleet.reconcile(conn, now, self.settings)
             self.device_clock.observe(conn, now)
         self._log_placement(changes, now)
+        self.history.tick(self.store, now)
         return True
 
     def _log_placement(self, changes: Changes, now: float) -> None:
