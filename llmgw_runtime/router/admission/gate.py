@@ -67,6 +67,11 @@ class Lease:
         self._at_home = at_home
         self._done = False
 
+    @property
+    def at_home(self) -> bool:
+        """Whether the slot is at the prefix's remembered home (its cache likely there)."""
+        return self._at_home
+
     def release(self) -> None:
         if self._done:
             return
