@@ -11,6 +11,8 @@ from pathlib import Path
 from .. import tls, tracing
 from ..security import token_problem
 
+MAX_HISTORY_DAYS = 3650        # history_days' bound: ten years of hourly points
+
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("LLMGW_STATE_DIR") or ".llmgw")
@@ -111,6 +113,10 @@ class ControlConfig:
             _ = self.agent_network_list
         except ValueError as exc:
             problems.append(f"LLMGW_AGENT_NETWORKS={self.agent_networks!r}: {exc}")
+        if not 0 <= self.history_days <= MAX_HISTORY_DAYS:   # NaN too
+            problems.append(f"LLMGW_HISTORY_DAYS={self.history_days:g} must be from 0 (keep no "
+                            f"history) to {MAX_HISTORY_DAYS} days of the fleet's hourly "
+                            "points (default 14)")
         try:
             from .gpu_hours import parse_costs
 
