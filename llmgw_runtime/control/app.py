@@ -27,6 +27,7 @@ from . import (
 )
 from .config import ControlConfig
 from .reconcile import LEASE
+from .tracing import install as install_tracing
 from .web import error_response, install_error_handlers, store
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     app.extensions["llmgw.store"] = store_ or Store(config.store_url)
     app.extensions["llmgw.store_health"] = StoreHealth(config.store_members_urls,
                                                        etcd=config.store_etcd_urls)
+    install_tracing(app, config)     # spans of its requests, with LLMGW_OTEL_ENDPOINT
     install_error_handlers(app)
     install_store_waits(app, config.store_wait_s)
     agent_api.install(app)

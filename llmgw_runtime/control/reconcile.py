@@ -23,6 +23,7 @@ from . import fleet, history
 from .config import ControlConfig
 from .decide import Changes, Settings
 from .gpu_hours import DeviceClock
+from .tracing import passes
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class Reconciler:
         # the fleet's history: a point per minute (control/history.py)
         self.history = history.Recorder(config.history_days, self.settings.node_timeout_s)
         self.device_clock = DeviceClock(config)     # GPU-hours (control/gpu_hours.py)
+        self.passes = passes(config)    # a span per pass, with LLMGW_OTEL_ENDPOINT
 
     # ------------------------------------------------------------ one cycle
 
@@ -95,7 +97,10 @@ class Reconciler:
     def run_forever(self) -> None:
         while not self._stop.is_set():
             try:
-                self.run_cycle()
+                if self.passes is None:
+                    self.run_cycle()
+                else:
+                    self.passes.run(self.run_cycle, self.holder)
                 self._last_error = None
             except StoreError as exc:
                 if str(exc) != self._last_error:

@@ -14,7 +14,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from .. import tls
+from .. import tls, tracing
 from ..store import Store
 from .app import create_app
 from .bootstrap import bootstrap
@@ -62,11 +62,15 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 
 
 def _worker_exit(server: Any, worker: Any) -> None:
-    """A stopping worker writes the last reports it still holds."""
+    """A stopping worker writes the last reports it still holds, and sends the spans it
+    holds (when tracing: control/tracing.py)."""
     app = getattr(worker, "wsgi", None)
     beats = getattr(app, "extensions", {}).get("llmgw.heartbeats")
-    if beats is not None:
-        beats.stop()
+    try:
+        if beats is not None:
+            beats.stop()
+    finally:
+        tracing.shutdown()
 
 
 class ReconcilerKeeper:
