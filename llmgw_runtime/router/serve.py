@@ -17,7 +17,8 @@ worker forks; ``pre_fork`` gives each worker a stable row (the lowest free index
 per-key limits' table (``tables/limits.py``) is made next to it.
 
 Usage: a worker that exits posts the usage it has not reported yet (``worker_exit``), so
-a graceful restart loses none.
+a graceful restart loses none; it sends the spans it holds too (when tracing: its tracer
+is made with the app, in the worker after the fork, ``tracing.py``).
 
 Connections: each worker is :class:`.http.server.RouterWorker`, gunicorn's gevent worker
 with an HTTP/1.1 loop of its own (requests parsed by httptools, deadlines for a request's
@@ -36,7 +37,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from .. import tls
+from .. import tls, tracing
 from ..doctor.relay_loop import inspect as inspect_relay
 from ..errors import ConfigError
 from .config import RouterConfig
@@ -118,11 +119,15 @@ def _post_fork(server: Any, worker: Any) -> None:
 
 
 def _worker_exit(server: Any, worker: Any) -> None:
-    """gunicorn hook, in the worker as it exits: post the usage not reported yet."""
+    """gunicorn hook, in the worker as it exits: post the usage not reported yet, and
+    the spans not sent yet (when tracing: ``tracing.py``)."""
     app = getattr(worker, "wsgi", None)
     state = getattr(app, "extensions", {}).get("llmgw_router")
-    if state is not None:
-        state.usage_reporter.flush()
+    try:
+        if state is not None:
+            state.usage_reporter.flush()
+    finally:
+        tracing.shutdown()
 
 
 class _RouterApplication(BaseApplication):  # type: ignore[misc]

@@ -49,6 +49,7 @@ from .metrics import (
     WSGIApp,
 )
 from .proxy import Answered
+from .tracing import FAILED, for_router
 from .usage import KEY_ID, METER
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ def retry_after_s(exc: RouterError) -> float | None:
 def error_answer(environ: dict[str, Any], exc: RouterError) -> Answered:
     """``exc`` in OpenAI's error shape, its code noted for the metrics."""
     wait = retry_after_s(exc)
+    environ[FAILED] = exc      # for the request's span, when traced (tracing.py)
     return _error(environ, exc.status, exc.body(), exc.code,
                   [] if wait is None else [("Retry-After", retry_after(wait))])
 
@@ -112,12 +114,19 @@ class ProxiedRoutes:
     def __init__(self, state: RouterState, other: WSGIApp) -> None:
         self._state = state
         self._other = other
+        self._tracing = for_router(state)     # None unless LLMGW_OTEL_ENDPOINT (tracing.py)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse
                  ) -> Iterable[bytes]:
         path = environ.get("PATH_INFO")
         if path not in PROXIED_PATHS:
             return self._other(environ, start_response)
+        if self._tracing is not None:
+            return self._tracing.request(environ, start_response, path, self._answer)
+        return self._answer(environ, start_response, path)
+
+    def _answer(self, environ: dict[str, Any], start_response: StartResponse, path: str
+                ) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD")
         if method == "POST":
             try:
@@ -127,11 +136,12 @@ class ProxiedRoutes:
             except OSError as exc:    # the body could not be read: the server answers it
                 answer = error_answer(environ, InvalidRequest(
                     f"the request body could not be read: {exc}"))
-            except Exception:
+            except Exception as exc:
                 log.exception("%s %s failed", method, path)
                 answer = error_answer(environ, RouterError(
                     "the router failed on this request (its log says why); retry it, and "
                     "tell the operator if it keeps failing"))
+                environ[FAILED] = exc
             meter = environ.get(METER)
             if meter is not None:    # its key's tokens settled now, or when its stream ends
                 meter.done(answer.body)
