@@ -77,7 +77,7 @@ class ControlConfig:
     # kept this many days (minute points two days); 0 keeps no history.
     history_days: float = 14.0
     # GPU-hours priced (control/gpu_hours.py): "CLASS=PRICE,..." per device-hour of each
-    # device class (e.g. "nvidia-h100-80gb=2.5,cpu=0"); a class not named has no price.
+    # device class (e.g. "h100-80g=2.5,cpu=0"); a class not named has no price.
     cost_per_device_hour: str = ""
     # OpenTelemetry: when set, spans of control-service requests and reconciler passes go
     # to this OTLP/HTTP endpoint (http://collector:4318); off when empty, at no cost.

@@ -18,11 +18,11 @@ reported them (store/usage.py); the hours of a model that used no tokens in an h
 ``unattributed``. A cost is device-hours times the class's ``cost_per_device_hour``.
 
 The reconciler (control/reconcile.py) calls :meth:`DeviceClock.observe` once per pass it
-leads: the time since its previous pass is counted with the devices held now (split at an
-hour's end), and written to the store about once a minute, when it loses leadership and
-when it stops. A gap longer than :func:`gap_bound_s` between two passes (a stalled pass,
-the store away) is counted only up to that bound: time the reconciler did not see is not
-guessed at.
+leads: the time since its previous pass is counted with the devices held at that pass
+(split at an hour's end), and written to the store about once a minute, when it loses
+leadership and when it stops. A gap longer than :func:`gap_bound_s` between two passes (a
+stalled pass, the store away) is counted only up to that bound: time the reconciler did
+not see is not guessed at.
 """
 
 from __future__ import annotations
@@ -56,14 +56,14 @@ HOLDING = frozenset(ACTIVE)   # replica states whose devices count (pending to u
 
 
 def parse_costs(text: str) -> dict[str, float]:
-    """``cost_per_device_hour`` ("CLASS=PRICE,...", e.g. "nvidia-h100-80gb=2.5,cpu=0") as
+    """``cost_per_device_hour`` ("CLASS=PRICE,...", e.g. "h100-80g=2.5,cpu=0") as
     {class: price}; ValueError naming the item to fix."""
     costs: dict[str, float] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         klass, sep, price = (part.strip() for part in item.partition("="))
         if not sep or not klass:
             raise ValueError(f"{item[:60]!r} is not CLASS=PRICE; write e.g. "
-                             "nvidia-h100-80gb=2.5,cpu=0")
+                             "h100-80g=2.5,cpu=0")
         try:
             value = float(price)
         except ValueError:
@@ -140,11 +140,11 @@ def split(start: float, end: float,
 
 
 def counted(last: float | None, now: float, bound_s: float) -> tuple[float, float] | None:
-    """The interval a pass at ``now`` counts after one at ``last``: none on the first pass
-    (or a clock gone back), at most ``bound_s`` long, ending ``now``."""
+    """The interval a pass at ``now`` counts with what the pass at ``last`` saw: from
+    ``last``, at most ``bound_s`` long; none on the first pass (or a clock gone back)."""
     if last is None or now <= last:
         return None
-    return max(last, now - bound_s), now
+    return last, min(now, last + bound_s)
 
 
 class DeviceClock:
@@ -157,27 +157,31 @@ class DeviceClock:
         self.node_timeout_s = config.node_timeout_s
         self.bound_s = gap_bound_s(config)
         self.pending: dict[Bucket, float] = {}
-        self.last: float | None = None          # the previous pass counted
+        self.last: float | None = None          # the previous pass
+        self.held: dict[tuple[str, str], float] = {}    # what it saw held
         self.flushed: float | None = None       # when pending was last written
         self.pruned: float | None = None
         self.unwritten = False                  # a flush failed (warned once)
 
     def observe(self, conn: Any, now: float) -> None:
-        """One pass, leading (``conn``: its transaction, the lease held): count the time
-        since the previous pass with the devices held now; write when a minute is up."""
+        """One pass, leading (``conn``: its transaction, the lease held, after the pass's
+        changes): count the time since the previous pass with the devices held then, see
+        what is held now; write when a minute is up."""
         interval = counted(self.last, now, self.bound_s)
+        if interval is not None:
+            for bucket, seconds in split(*interval, self.held).items():
+                self.pending[bucket] = self.pending.get(bucket, 0.0) + seconds
         self.last = now
+        self.held = held(repo.list_replicas(conn), repo.parts_by_replica(conn),
+                         repo.list_nodes(conn), now, self.node_timeout_s)
         if self.flushed is None:
             self.flushed = now
-        if interval is not None:
-            devices = held(repo.list_replicas(conn), repo.parts_by_replica(conn),
-                           repo.list_nodes(conn), now, self.node_timeout_s)
-            for bucket, seconds in split(*interval, devices).items():
-                self.pending[bucket] = self.pending.get(bucket, 0.0) + seconds
         if now - self.flushed >= FLUSH_EVERY_S:
             self._write(conn, now)
 
     def _write(self, conn: Any, now: float) -> None:
+        # In the pass's transaction: if it fails to commit, that minute is lost (not
+        # counted twice).
         devicetime.add(conn, self.pending)
         self.pending = {}
         self.flushed = now
@@ -189,7 +193,7 @@ class DeviceClock:
         """Write what is pending in a transaction of its own (leadership lost, or the
         reconciler stopping); the next pass that leads starts counting afresh. A store
         that fails keeps it pending."""
-        self.last = None
+        self.last, self.held = None, {}
         if not self.pending:
             return
         try:
