@@ -17,7 +17,7 @@ import pydantic
 from pydantic.json_schema import models_json_schema
 
 from ..catalog.bounds import MAX_MODELS
-from . import admin, agent, catalog, router, usage
+from . import admin, agent, catalog, history, router, usage
 from .fields import MAX_NAME
 
 REF = "#/components/schemas/{model}"
@@ -134,6 +134,14 @@ CONTROL_ROUTES = (
                     "how far back: 24h (the default), 7d, 90m or seconds"),
               Param("by", "query", {"enum": ["key", "model", "key,model"]},
                     "what to sum by (default key,model)"))),
+    Route("get", "/api/v1/history", "the fleet's history per model and device class: "
+          "minute points of the last day (24h) or hour points of the last week (7d)",
+          ADMIN, history.History, params=(
+              Param("range", "query", {"enum": list(history.RANGES)}, "24h (the default) "
+                    "or 7d"),
+              Param("model", "query", {"type": "string", "minLength": 1,
+                                       "maxLength": MAX_NAME},
+                    "one model's points only (no device classes then)"))),
     Route("get", "/api/v1/usage/gpu-hours", "device-hours of the models' replicas per "
           "device class, per model or shared per API key by tokens, priced by "
           "LLMGW_COST_PER_DEVICE_HOUR", ADMIN, usage.DeviceHoursList, params=(

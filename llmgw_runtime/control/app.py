@@ -18,6 +18,7 @@ from . import (
     admin_api,
     agent_api,
     console,
+    history_api,
     keys_api,
     metrics,
     rollout_api,
@@ -108,7 +109,7 @@ def create_app(config: ControlConfig | None = None, *, store_: Store | None = No
     install_store_waits(app, config.store_wait_s)
     agent_api.install(app)
     for bp in (health, agent_api.bp, routes_api.bp, admin_api.bp, keys_api.bp, status_api.bp,
-               usage_api.bp, rollout_api.bp, console.bp):
+               usage_api.bp, rollout_api.bp, history_api.bp, console.bp):
         app.register_blueprint(bp)
     metrics.install(app, app.extensions["llmgw.store"], config)
     return app

@@ -27,6 +27,7 @@ from ..api import admin
 from ..api.admin import Model, NodeDeleted
 from ..api.catalog import ModelSpec
 from ..api.fields import clean
+from ..api.history import MINUTE_S
 from ..api.router import ERROR_LINE, ActivateAnswer, IdleMap, Routes, Unreachable
 from ..api.states import Activation
 from ..catalog.names import fallback_problems, name_clashes
@@ -35,7 +36,7 @@ from ..fleetvocab import heard_from
 from ..placement import place
 from ..status import summary as status_summary
 from ..status.telling import error_line
-from ..store import accounts, repo
+from ..store import accounts, history, repo
 from ..store.models import row_to_spec
 from . import autoscale, capacity, drain, rollout, rollout_ops, snapshot
 from .decide import Changes, Fleet, Settings, decide, unpark_values
@@ -339,23 +340,43 @@ def record_idle(conn: Connection, body: IdleMap, now: float) -> None:
     # after a failover may count one post's refusals twice: a display figure, and one
     # more reason to scale up.
     rows = repo.models_named(conn, set(body.capacity))
+    loads: dict[str, capacity.Load] = {}
     for name, report in body.capacity.items():
         row = rows.get(name)
         if row is None:
             continue
-        values: dict[str, Any] = {"load": json.dumps(capacity.record_load(
-            json.loads(row.load) if row.load else None, body.router, report, now))}
+        load = capacity.record_load(json.loads(row.load) if row.load else None,
+                                    body.router, report, now)
+        loads[name] = capacity.load_of(load, now)
+        values: dict[str, Any] = {"load": json.dumps(load)}
         if report.at_capacity:
             stored = json.loads(row.capacity) if row.capacity else None
             values.update(capacity_at=now,
                           capacity=json.dumps(capacity.merge(stored, report, now)))
         repo.update_model(conn, name, **values)
+    _record_history(conn, body, loads, now)
     for name, counts in body.versions.items():
         row = repo.get_model(conn, name)
         state = rollout.parse_state(row.rollout_state) if row is not None else {}
         if state.get("state") == rollout.CANARY:
             added = rollout.add_versions(state, counts)
             repo.merge_rollout_state(conn, name, {"versions": added["versions"]})
+
+
+def _record_history(conn: Connection, body: IdleMap, loads: dict[str, capacity.Load],
+                    now: float) -> None:
+    """The post's requests answered (its first-byte counts) and refused, and the load
+    summed over routers after it, into each model's minute of the fleet's history
+    (store/history.py, control/history.py); models in name order, so two posts at once
+    lock their rows in the same order. Nothing for a model with none of these."""
+    minute = history.period_of(now, MINUTE_S)
+    for name in sorted(loads):
+        report, load = body.capacity[name], loads[name]
+        answered = sum(report.first_byte)
+        if answered or report.rejected or load.waiting or load.busy:
+            history.add_post(conn, name, minute, requests=answered, refused=report.rejected,
+                             first_byte=report.first_byte, waiting=load.waiting,
+                             busy=load.busy)
 
 
 def _record_in_flight(conn: Connection, body: IdleMap, known: dict[str, Any],
