@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
 
+from ..api.router import FIRST_BYTE_BUCKETS_S
 from .proxy import Stream
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -138,6 +140,10 @@ class RouterMetrics:
         self.slots_in_use_source: Callable[[], dict[str, int]] | None = None
         self.registry.register(_SlotsInUse(self))
         self._children: dict[tuple[Any, ...], Any] = {}
+        # First-byte times per model since the last capacity report, counted per
+        # FIRST_BYTE_BUCKETS_S bucket (admission/load.py takes them for the control
+        # service's history): this worker's, like its refusals.
+        self._first_bytes: dict[str, list[int]] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, kept: labels() takes a lock and checks its values
@@ -182,7 +188,21 @@ class RouterMetrics:
             self.child(self.in_flight, model).dec()
 
     def first_byte(self, environ: dict[str, Any], ttfb_s: float) -> None:
-        self.child(self.ttfb, environ.get(_MODEL) or UNKNOWN_MODEL).observe(ttfb_s)
+        model = environ.get(_MODEL) or UNKNOWN_MODEL
+        self.child(self.ttfb, model).observe(ttfb_s)
+        if model != UNKNOWN_MODEL and _ERROR not in environ:    # answered: counted
+            counts = self._first_bytes.get(model)
+            if counts is None:
+                counts = self._first_bytes[model] = [0] * (len(FIRST_BYTE_BUCKETS_S) + 1)
+            counts[bisect_left(FIRST_BYTE_BUCKETS_S, ttfb_s)] += 1
+
+    def take_first_bytes(self) -> dict[str, list[int]]:
+        """The first-byte counts per model since the last call (FIRST_BYTE_BUCKETS_S
+        buckets, len + 1 counts: a time is counted in the first bucket whose bound it
+        does not pass, the last counts those above them all), and starts again. Requests
+        the router answered with an error of its own are not counted."""
+        taken, self._first_bytes = self._first_bytes, {}
+        return taken
 
 
 class _SlotsInUse(Collector):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ...api.router import MAX_QUEUE, ModelCapacity
 from ...catalog.bounds import MAX_WAIT_S
 from ..errors import ModelAtCapacity
+from ..metrics import RouterMetrics
 from ..tables.slots import UNLIMITED, SlotCounts
 from .core import Admission, Rejected
 
@@ -41,6 +42,7 @@ class Reports:
     _interval: dict[str, Interval]
     _queued_at: dict[str, dict[int, float]]
     _max_queue: dict[str, int]
+    _metrics: RouterMetrics
 
     def in_flight(self) -> dict[str, int]:
         """Replica -> requests this worker has in flight there now (streams until their
@@ -54,20 +56,24 @@ class Reports:
         return out
 
     def capacity(self) -> dict[str, ModelCapacity]:
-        """The load of every model this worker admitted, queued or refused requests of
-        since the last call, or holds requests of now (the routes tick posts it to the
-        control service, which scales on it), and starts a new interval. ``waiting``,
-        ``in_flight``, ``slots`` and ``busy`` are the router's (all workers); ``rejected``,
-        ``queued``, the wait p90 and the oldest wait this worker's."""
+        """The load of every model this worker admitted, queued, refused or answered
+        requests of since the last call, or holds requests of now (the routes tick posts
+        it to the control service, which scales on it and keeps its history), and starts
+        a new interval. ``waiting``, ``in_flight``, ``slots`` and ``busy`` are the
+        router's (all workers); ``rejected``, ``queued``, ``first_byte`` (the first-byte
+        times counted per bucket: the requests answered), the wait p90 and the oldest
+        wait this worker's."""
         interval, self._interval = self._interval, {}
+        first_bytes = self._metrics.take_first_bytes()
         now = self._clock()
         out: dict[str, ModelCapacity] = {}
         for model, core in self._cores.items():
             stats = interval.get(model, Interval())
             rids = self._replicas.get(model, ())
             waiting = core.waiting(model)
+            answered = first_bytes.get(model, [])
             if not (waiting or stats.queued or stats.rejected or stats.admitted
-                    or any(map(core.in_flight, rids))):
+                    or answered or any(map(core.in_flight, rids))):
                 continue
             with self._counts.locked():
                 *in_flight_at, waiting = self._counts.totals((*rids, QUEUE + model))
@@ -76,13 +82,16 @@ class Reports:
             p90 = waits[min(len(waits) - 1, math.ceil(0.9 * len(waits)) - 1)] if waits else 0.0
             since = self._queued_at.get(model)
             oldest = now - min(since.values()) if since else 0.0
+            # first_byte only when some were answered: a control service older than the
+            # field refuses a post that names it
+            counted = {"first_byte": [min(n, _BIG) for n in answered]} if answered else {}
             out[model] = ModelCapacity(
                 waiting=min(waiting, MAX_QUEUE), in_flight=min(in_flight, _BIG),
                 slots=min(sum(self._slots.get(model, {}).values()), _BIG),
                 rejected=min(stats.rejected, _BIG), wait_p90_s=_seconds(p90),
                 busy=min(max(stats.busy, in_flight), _BIG), oldest_wait_s=_seconds(oldest),
                 queued=min(stats.queued, _BIG),
-                at_capacity=bool(waiting or stats.queued or stats.rejected))
+                at_capacity=bool(waiting or stats.queued or stats.rejected), **counted)
         return out
 
     def _at_capacity(self, core: Admission, model: str, decision: Rejected
