@@ -1,6 +1,8 @@
 """The web console: server-rendered pages (no JavaScript needed to read them) over the same
 summary and rows as ``ctl``: the summary, nodes with their devices, models with a Retry
-button for parked ones, replicas with idle time, recent events. Login: console_auth.py."""
+button for parked ones, replicas with idle time, recent events, usage. Charts of the
+fleet's history (console_charts.py, drawn as SVG by charts.py) on the Summary, a model's
+page and Usage, over ``?range=24h`` or ``7d``. Login: console_auth.py."""
 
 from __future__ import annotations
 
@@ -24,13 +26,16 @@ from flask import (
 from werkzeug.exceptions import HTTPException
 
 from .. import throttle
-from ..errors import LlmgwError, StoreError
+from ..api.history import RANGES
+from ..errors import LlmgwError, NotFoundError, StoreError
 from ..status import changes, render
 from ..status.summary import at_capacity, device_label, location, node_alive
 from ..status.telling import telling_line
 from ..store import repo
+from ..store import usage as usage_store
 from . import console_auth as auth
-from . import fleet, usage
+from . import console_charts as charts
+from . import fleet, gpu_hours, history, usage
 from .web import clock, fleet_settings, now_of, store, store_health
 
 log = logging.getLogger(__name__)
@@ -52,7 +57,7 @@ def page(template: str, title: str, status: int = 200, refresh: bool = True,
     """A console page; read pages reload themselves every ``console_refresh_s``."""
     interval = current_app.config["LLMGW"].console_refresh_s if refresh else 0
     keep = {k: v for k, v in request.args.items()
-            if k in ("page", "q", "limit", "since", "by")}
+            if k in ("page", "q", "limit", "since", "by", "range")}
     refresh_url = request.path + ("?" + urlencode(keep) if keep else "")
     html = render_template(template, title=title, refresh=int(interval) if interval > 0
                            else 0, refresh_url=refresh_url, user=g.get("console_user"),
@@ -187,11 +192,15 @@ def logout() -> Any:
 @bp.get("/console/")
 @auth.login_required
 def summary() -> Any:
+    span = charts.range_of(request.args.get("range"))
     with store().begin() as conn:
-        data = fleet.summary(conn, now_of(conn), fleet_settings(),
+        now = now_of(conn)
+        data = fleet.summary(conn, now, fleet_settings(),
                              idle_after_s=current_app.config["LLMGW"].idle_after_s,
                              store=store_health())
-    return page("summary.html", "Summary", s=data)
+        past = history.history(conn, now, span)
+    return page("summary.html", "Summary", s=data, span=span, spans=list(RANGES),
+                class_charts=charts.class_charts(past))
 
 
 @bp.get("/console/nodes")
@@ -238,6 +247,24 @@ def models() -> Any:
                 retried=retried if retried in {m["name"] for m in items} else None)
 
 
+@bp.get("/console/models/<path:name>")
+@auth.login_required
+def model_page(name: str) -> Any:
+    """One model's charts over ``?range=24h`` or ``7d``, and its hours as a table."""
+    span = charts.range_of(request.args.get("range"))
+    with store().begin() as conn:
+        now = now_of(conn)
+        found = [m for m in fleet.models_view(conn, now) if m["name"] == name]
+        if not found:
+            raise NotFoundError(f"no model {name[:200]!r} in the catalog; the Models page "
+                                "lists those there are")
+        past = history.history(conn, now, span, model=name)
+        tokens = usage_store.series(conn, past.since, "model", only=[name])
+    return page("model.html", name, model=found[0], span=span, spans=list(RANGES),
+                charts=charts.model_charts(past, name, tokens),
+                hours=charts.hour_rows(past.models.get(name, []), tokens))
+
+
 @bp.post("/console/models/<path:name>/retry")
 @auth.login_required
 def retry(name: str) -> Any:
@@ -281,17 +308,40 @@ def events() -> Any:
 @bp.get("/console/usage")
 @auth.login_required
 def usage_page() -> Any:
-    """Tokens per API key and model over a period (``?since=24h``), as ``ctl usage``."""
+    """Tokens per API key and model over a period (``?since=24h``), as ``ctl usage``; its
+    busiest keys' tokens per hour, and GPU-hours by model and key, charted."""
     period = request.args.get("since", usage.DEFAULT_SINCE)
     if period not in usage.PERIODS:
         period = usage.DEFAULT_SINCE
+    costs = gpu_hours.parse_costs(current_app.config["LLMGW"].cost_per_device_hour)
     with store().begin() as conn:
-        data = usage.usage_view(conn, now_of(conn), usage.since_s(period), "key,model")
+        now = now_of(conn)
+        seconds = usage.since_s(period)
+        data = usage.usage_view(conn, now, seconds, "key,model")
+        keys = usage_by_key(data["rows"])
+        top = charts.top_keys({k: t["prompt_tokens"] + t["completion_tokens"]
+                               for k, t in keys.items()})
+        per_key = usage_store.series(conn, data["since"], "key", only=top) if top else []
+        everything = usage_store.series(conn, data["since"], "") if top else []
+        gpu = {by: gpu_hours.device_hours(conn, now, seconds, by, costs)
+               for by in ("model", "key")}
+    shown = [charts.key_tokens_chart(per_key, everything, top, data["since"], now,
+                                     others=len(keys) > len(top)),
+             charts.gpu_hours_chart("chart-gpu-models", "GPU-hours by model",
+                                    gpu["model"].rows, "model"),
+             charts.gpu_hours_chart("chart-gpu-keys", "GPU-hours by key",
+                                    [*gpu["key"].rows, *charts.unattributed(gpu["key"])],
+                                    "key")]
+    return page("usage.html", "Usage", usage=data, keys=keys, period=period,
+                periods=usage.PERIODS, charts=shown, gpu=gpu)
+
+
+def usage_by_key(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Usage rows by key and model summed per key, in the rows' order."""
     keys: dict[str, dict[str, int]] = {}
-    for row in data["rows"]:
+    for row in rows:
         total = keys.setdefault(row["key"], {"requests": 0, "prompt_tokens": 0,
                                              "completion_tokens": 0})
         for field in total:
             total[field] += row[field]
-    return page("usage.html", "Usage", usage=data, keys=keys, period=period,
-                periods=usage.PERIODS)
+    return keys

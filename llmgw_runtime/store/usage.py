@@ -135,6 +135,28 @@ def usage_since(conn: Connection, since: float, by: str) -> list[dict[str, Any]]
             for row in conn.execute(query)]
 
 
+def series(conn: Connection, since: float, by: str,
+           only: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Usage per hour from the start of the hour ``since`` is in (the console's charts):
+    one row per hour (``bucket``) and ``by`` "key" or "model" (its counts summed over the
+    other), or per hour alone with ``by`` "" (everything); with ``only``, just those keys
+    or models. Sorted by hour, then name. Hours without usage have no row."""
+    columns = [usage.c[name] for name in BY[by]] if by else []
+    total = sa.func.total if conn.dialect.name == "sqlite" else sa.func.sum
+    query = (sa.select(usage.c.bucket, *columns,
+                       *(total(usage.c[c]).label(c) for c in COUNTS))
+             .where(usage.c.bucket >= bucket_of(since))
+             .group_by(usage.c.bucket, *columns).order_by(usage.c.bucket, *columns))
+    if only is not None:
+        if len(columns) != 1:
+            raise ValueError("series: only needs by 'key' or 'model'")
+        query = query.where(columns[0].in_(sorted(set(only))))
+    return [{"bucket": float(row.bucket),
+             **{name: getattr(row, name) for name in (BY[by] if by else ())},
+             **{c: min(int(getattr(row, c) or 0), MAX_COUNT) for c in COUNTS}}
+            for row in conn.execute(query)]
+
+
 def totals(conn: Connection) -> list[Used]:
     """Every key's usage of every model since the store began."""
     rows = conn.execute(sa.select(usage_totals).order_by(usage_totals.c.key,
