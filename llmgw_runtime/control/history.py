@@ -37,6 +37,7 @@ from ..api.history import (
     Range,
 )
 from ..api.router import FIRST_BYTE_BUCKETS_S
+from ..errors import StoreError
 from ..status import summary as status_summary
 from ..store import Store, repo
 from ..store import history as stored
@@ -251,12 +252,14 @@ def record_minute(conn: Connection, now: float, history_days: float,
 class Recorder:
     """The reconciler's hook: :meth:`tick` after each pass it led; a store transaction
     only at the first pass of each minute (:func:`record_minute`). A failure is logged
-    and the minute skipped: the history never stops the reconciler."""
+    (again only when its reason changes) and the minute skipped: the history never stops
+    the reconciler."""
 
     def __init__(self, history_days: float, node_timeout_s: float) -> None:
         self.history_days = history_days
         self.node_timeout_s = node_timeout_s
         self._minute: float | None = None
+        self._failed: str | None = None
 
     def due(self, now: float) -> bool:
         return stored.period_of(now, MINUTE_S) != self._minute
@@ -268,8 +271,13 @@ class Recorder:
         try:
             with store.begin() as conn:
                 record_minute(conn, store.now(conn), self.history_days, self.node_timeout_s)
+            self._failed = None
         except Exception as exc:  # never the reconciler's problem; next minute again
-            log.warning("the fleet's history for this minute was not recorded: %s", exc)
+            if str(exc) != self._failed:
+                log.warning("the fleet's history of this minute was not recorded (the "
+                            "charts miss it; tried again each minute): %s", exc,
+                            exc_info=not isinstance(exc, StoreError))
+            self._failed = str(exc)
 
 
 # ---------------------------------------------------------------- the answer

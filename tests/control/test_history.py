@@ -15,6 +15,7 @@ from llmgw_runtime.control import history
 from llmgw_runtime.control.config import ControlConfig
 from llmgw_runtime.store import Store
 from llmgw_runtime.store import history as stored
+from llmgw_runtime.store.failover import StoreUnavailable
 
 from .conftest import ADMIN, ROUTER, Api
 from .test_openapi import checker
@@ -97,6 +98,26 @@ def test_history_days_out_of_range_is_refused_at_start() -> None:
     for days in (-1.0, float("nan"), 4000.0):
         [problem] = [p for p in ControlConfig(history_days=days).validate() if "HISTORY" in p]
         assert "LLMGW_HISTORY_DAYS" in problem and "0 (keep no history)" in problem
+
+
+class DownStore:
+    """A store whose transactions fail: counts how often the recorder opens one."""
+
+    def __init__(self) -> None:
+        self.begun = 0
+
+    def begin(self) -> Any:
+        self.begun += 1
+        raise StoreUnavailable("the store cannot be reached: test")
+
+
+def test_the_recorder_opens_one_transaction_a_minute_and_never_fails_the_pass(
+        caplog: pytest.LogCaptureFixture) -> None:
+    recorder, down = history.Recorder(14, 30), DownStore()
+    for now in (T0 + 1, T0 + 2, T0 + 59, T0 + 60, T0 + 61, T0 + 121):
+        recorder.tick(down, now)                          # type: ignore[arg-type]
+    assert down.begun == 3                                # minutes T0, T0+60, T0+120
+    assert len([r for r in caplog.records if "not recorded" in r.message]) == 1
 
 
 # ---------------------------------------------------------------- the store
