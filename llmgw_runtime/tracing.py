@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import __version__
+from .errors import LlmgwError
 
 TRACES_PATH = "/v1/traces"      # OTLP/HTTP's path for spans, added to a bare endpoint
 ENDPOINT_ENV = "LLMGW_OTEL_ENDPOINT"
@@ -31,6 +32,7 @@ RATIO_ENV = "LLMGW_OTEL_SAMPLE_RATIO"
 _CARRIED = (("traceparent", "HTTP_TRACEPARENT"), ("tracestate", "HTTP_TRACESTATE"))
 
 _providers: list[Any] = []      # this process's TracerProviders, flushed by shutdown()
+_propagator: list[Any] = []
 
 
 def problems(endpoint: str, ratio: float) -> list[str]:
@@ -87,18 +89,45 @@ def shutdown() -> None:
 def context_of(environ: Mapping[str, Any]) -> Any:
     """The trace context a request's ``traceparent`` and ``tracestate`` name (an empty
     one, a new trace, when it sent none or a malformed one)."""
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
     carrier = {name: environ[key] for name, key in _CARRIED if environ.get(key)}
-    return TraceContextTextMapPropagator().extract(carrier)
+    return _w3c().extract(carrier)
 
 
 def carried(span: Any) -> dict[str, str]:
     """The ``traceparent`` (and ``tracestate``) that make ``span`` the parent of what
     the next hop does."""
     from opentelemetry.trace import set_span_in_context
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     out: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(out, set_span_in_context(span))
+    _w3c().inject(out, set_span_in_context(span))
     return out
+
+
+def _w3c() -> Any:
+    """W3C trace context's propagator (made once, at first use)."""
+    if not _propagator:
+        from opentelemetry.trace.propagation.tracecontext import (
+            TraceContextTextMapPropagator,
+        )
+        _propagator.append(TraceContextTextMapPropagator())
+    return _propagator[0]
+
+
+def record_error(span: Any, error: BaseException | str) -> None:
+    """``span`` failed: status ERROR and an ``exception`` event. An llmgw error's message
+    is llmgw's own (what a client was answered, what a log says) and goes with it; any
+    other exception's is not sent (it may quote data: a statement, a body), only its
+    type: the log on the host has the rest."""
+    from opentelemetry.trace import Status, StatusCode
+
+    if isinstance(error, LlmgwError):
+        code = getattr(error, "code", None) or error.reason
+        kind, why = type(error).__name__, f"{code}: {error.message}"
+    elif isinstance(error, BaseException):
+        kind = type(error).__name__
+        why = f"{kind} (the log on its host says more)"
+    else:
+        kind, why = "", error
+    span.add_event("exception", {"exception.type": kind, "exception.message": why}
+                   if kind else {"exception.message": why})
+    span.set_status(Status(StatusCode.ERROR, why))
