@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from ..api.fields import MAX_INT
+from ..api.fields import MAX_INT, MAX_LIST
 from ..api.history import (
     HOUR_S,
     MAX_POINTS,
@@ -151,12 +151,16 @@ def class_point(row: dict[str, Any]) -> ClassPoint:
 
 
 def series(rows: Iterable[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
-    """Rows by ``key`` (model or device_class), each list its newest MAX_POINTS by t."""
+    """Rows by ``key`` (model or device_class), each list its newest MAX_POINTS by t; at
+    most MAX_LIST lists (an answer's bound: with more, those heard of last; deleted
+    models' history stays), by name."""
     out: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         out.setdefault(row[key], []).append(row)
-    return {name: sorted(got, key=lambda r: r["t"])[-MAX_POINTS:]
-            for name, got in sorted(out.items())}
+    lists = {name: sorted(got, key=lambda r: r["t"])[-MAX_POINTS:]
+             for name, got in out.items()}
+    kept = sorted(lists, key=lambda n: (-lists[n][-1]["t"], n))[:MAX_LIST]
+    return {name: lists[name] for name in sorted(kept)}
 
 
 # ---------------------------------------------------------------- what status shows
@@ -284,24 +288,29 @@ class Recorder:
 
 
 def history(conn: Connection, now: float, range: str = "24h",
-            model: str | None = None) -> History:
+            model: str | None = None, *, with_models: bool = True) -> History:
     """The fleet's history over ``range`` (api.history.RANGES): ``24h``, the minute
     points of the last day; ``7d``, the hour points of the last week (hours rolled up,
     and the minutes of those not rolled up yet summed into hours). Per model (only
     ``model``'s when named) and, without ``model``, per device class; each series sorted
     by t, at most MAX_POINTS, only the periods with a stored point (a missing period:
-    all zeros). ``since``: the first period's start; ``until``: ``now``."""
+    all zeros). ``since``: the first period's start; ``until``: ``now``.
+    ``with_models=False``: the device classes only, without reading a model's row (a
+    page that draws the classes: a day of every model's minutes is the large part)."""
     span, step = RANGES[range]
     end = stored.period_of(now, step) + step
     since = end - step - span
+    models: list[dict[str, Any]] = []
     if step == MINUTE_S:
-        models = stored.model_rows(conn, MINUTE_S, since, end, model)
+        if with_models:
+            models = stored.model_rows(conn, MINUTE_S, since, end, model)
         classes = stored.class_rows(conn, MINUTE_S, since, end) if model is None else []
     else:
         last = stored.last_hour(conn)
         split = max(since, min(end, last + HOUR_S)) if last is not None else since
-        models = stored.model_rows(conn, HOUR_S, since, split, model) + aggregate_models(
-            stored.model_rows(conn, MINUTE_S, split, end, model), HOUR_S)
+        if with_models:
+            models = stored.model_rows(conn, HOUR_S, since, split, model) + aggregate_models(
+                stored.model_rows(conn, MINUTE_S, split, end, model), HOUR_S)
         classes = [] if model is not None else (
             stored.class_rows(conn, HOUR_S, since, split) + aggregate_classes(
                 stored.class_rows(conn, MINUTE_S, split, end), HOUR_S))

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from llmgw_runtime.api.fields import MAX_LIST
 from llmgw_runtime.api.history import HOUR_S, MAX_POINTS, MINUTE_S, MINUTES_KEPT_S
 from llmgw_runtime.control import history
 from llmgw_runtime.control.config import ControlConfig
@@ -93,6 +94,13 @@ def test_which_hours_roll_up_and_which_rows_are_forgotten() -> None:
     assert min(history.prune_before(now, 0)) > now      # 0 keeps nothing
 
 
+def test_an_answer_names_at_most_max_list_series_those_heard_of_last() -> None:
+    rows = [{"model": f"m{i:05d}", "t": T0 + i} for i in range(MAX_LIST + 2)]
+    kept = history.series(rows, "model")
+    assert len(kept) == MAX_LIST and "m00000" not in kept and "m00001" not in kept
+    assert list(kept) == sorted(kept)
+
+
 def test_history_days_out_of_range_is_refused_at_start() -> None:
     assert not [p for p in ControlConfig().validate() if "HISTORY" in p]
     for days in (-1.0, float("nan"), 4000.0):
@@ -154,6 +162,9 @@ def test_posts_add_up_in_their_minute_and_hours_roll_up_then_go(store: Store) ->
     assert [c.devices for c in week.classes["cpu"]] == [1]
     assert week.step_s == HOUR_S and day.step_s == MINUTE_S
     assert [p.t for p in day.models["m"]] == [T0, T0 + 60, T0 + HOUR_S]
+    with store.begin() as conn:                      # a page drawing the classes only
+        classes = history.history(conn, T0 + 2 * HOUR_S + 61, "7d", with_models=False)
+    assert classes.models == {} and classes.classes == week.classes
 
     # the hour rolled again gives the same; past two days the minutes go, the hours stay
     with store.begin() as conn:
