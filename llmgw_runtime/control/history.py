@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -115,9 +116,10 @@ def kept_s(history_days: float) -> float:
 def roll_span(last_hour: float | None, now: float, history_days: float
               ) -> tuple[float, float] | None:
     """The hours [first, end) to roll up now: those after the last one rolled
-    (``last_hour``; None: none yet) that ended ROLL_AFTER_S ago, none older than the
-    minutes kept or the hours kept; None when there are none."""
-    oldest = stored.period_of(now - min(MINUTES_KEPT_S, kept_s(history_days)), HOUR_S)
+    (``last_hour``; None: none yet) that ended ROLL_AFTER_S ago, none that began before
+    the minutes kept (some of its minutes are gone) or the hours kept; None when there
+    are none."""
+    oldest = math.ceil((now - min(MINUTES_KEPT_S, kept_s(history_days))) / HOUR_S) * HOUR_S
     first = oldest if last_hour is None else max(oldest, last_hour + HOUR_S)
     end = stored.period_of(now - ROLL_AFTER_S, HOUR_S)
     return (first, end) if end > first else None

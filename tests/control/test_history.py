@@ -86,10 +86,11 @@ def test_minutes_aggregate_into_hours_gauges_the_most_counts_summed() -> None:
 
 def test_which_hours_roll_up_and_which_rows_are_forgotten() -> None:
     now = T0 + 2 * HOUR_S + 30
-    assert history.roll_span(None, now, 14) == (T0 + 2 * HOUR_S - MINUTES_KEPT_S, T0 + HOUR_S)
+    # with none rolled yet, from the first whole hour whose minutes are all kept
+    assert history.roll_span(None, now, 14) == (T0 + 3 * HOUR_S - MINUTES_KEPT_S, T0 + HOUR_S)
     assert history.roll_span(T0, now, 14) is None     # the next hour ended 30 s ago: wait
     assert history.roll_span(T0, now + 60, 14) == (T0 + HOUR_S, T0 + 2 * HOUR_S)
-    assert history.roll_span(None, now, 0.5)[0] == T0 + 2 * HOUR_S - 12 * HOUR_S  # type: ignore[index]
+    assert history.roll_span(None, now, 0.5)[0] == T0 + 3 * HOUR_S - 12 * HOUR_S  # type: ignore[index]
     assert history.prune_before(now, 14) == (now - MINUTES_KEPT_S, now - 14 * 86_400)
     assert min(history.prune_before(now, 0)) > now      # 0 keeps nothing
 
