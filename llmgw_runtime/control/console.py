@@ -198,7 +198,7 @@ def summary() -> Any:
         data = fleet.summary(conn, now, fleet_settings(),
                              idle_after_s=current_app.config["LLMGW"].idle_after_s,
                              store=store_health())
-        past = history.history(conn, now, span)
+        past = history.history(conn, now, span, with_models=False)
     return page("summary.html", "Summary", s=data, span=span, spans=list(RANGES),
                 class_charts=charts.class_charts(past))
 
