@@ -176,8 +176,11 @@ def test_status_console_and_metrics_show_current_min_max_and_the_signal(api: Api
 
     assert api.client.post("/console/login", data={"token": ADMIN}).status_code in (302, 303)
     page = api.client.get("/console/models").get_data(as_text=True)
-    assert ('1/1 (min 1, max 3): wait 4.0 s (target 1 s), 4/2 slots busy, 6 waiting; '
-            'waiting too long for') in page
+    # The cell is short (it fits 1280 px): ready/target (min-max) and the step, the signal
+    # under it, and how long the requests waited too long in its title.
+    cell = re.findall(r'<td class="scaling">(.*?)</td>', page, re.S)[-1]
+    assert "1/1 (1-3), up in" in cell and "waiting too long for" in cell
+    assert ">wait 4.0 s (target 1 s), 4/2 slots busy, 6 waiting<" in cell
     assert '<span class="muted">fixed</span>' in page
 
 
