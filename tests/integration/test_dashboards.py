@@ -1,9 +1,10 @@
 """Every query of llmgw's Grafana dashboards (monitoring/dashboards/) against a real
 Prometheus (Debian's /usr/bin/prometheus) scraping a real control service and router over
-HTTPS every second, with an agent running the tiny model on llama.cpp. Requests of every
-kind give the counters and histograms their series: answered, streamed, with and without
-an API key, a key over its limit, an unknown model, a stopped model served by its fallback,
-a request that waits for the one slot, one refused for capacity and a client that leaves
+HTTPS every second, with an agent running the tiny model on llama.cpp and a second node
+reporting a GPU (from a devices file: temperature, power). Requests of every kind give the
+counters and histograms their series: answered, streamed, with and without an API key, a
+key over its limit, an unknown model, a stopped model served by its fallback, a request
+that waits for the one slot, one refused for capacity and a client that leaves
 mid-stream. Then each panel's query (its Grafana variables replaced: ``$model`` by ``.*``,
 ``$__rate_interval`` by 1m) must run without error and return series; the few metrics that
 need what did not happen here are listed in ALLOWED_EMPTY with the reason, and still must
@@ -38,9 +39,6 @@ GRAFANA = {"$__rate_interval": WINDOW, "$__range": WINDOW, "$__interval": WINDOW
 TEMPLATE = re.compile(r"\$\{?(model|key|class|node)\}?")
 # metric -> why a query of it may find no series here
 ALLOWED_EMPTY = {
-    "llmgw_device_temperature_celsius": "the node's device is its CPU, which reports no "
-                                        "temperature (absent, never 0)",
-    "llmgw_device_power_watts": "the node's device is its CPU, which reports no power draw",
     "llmgw_store_member_lag_bytes": "the store's one Patroni URL here is a closed port: a "
                                     "member that does not answer has no lag",
     "llmgw_router_version_requests_total": "counted only while a canary rollout holds "
@@ -64,6 +62,13 @@ models:
     profile: {{class: cpu}}
     replicas: 0
     fallback: [tiny]
+"""
+
+
+GPU = """\
+devices:
+  - {uuid: GPU-dashboards, class: h100-80g, memory_total_mb: 81559, memory_used_mb: 512,
+     temperature_c: 41, power_w: 72.5}
 """
 
 
@@ -200,6 +205,10 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(
     c.apply(CATALOG.format(path=tiny_model))
     c.start_router()
     c.start_agent()
+    # a second node with a GPU as a devices file describes it: temperature and power
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text(GPU)
+    c.start_agent("agent-gpu", devices=f"fake:{gpu}", node="gpu1")
     c.wait_ready("tiny")
     t = Traffic(c)
     make_traffic(t, key)
@@ -211,6 +220,8 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(
                                   "llmgw_router_client_cancelled_total",
                                   model="tiny", when="streaming"), 10,
                "the router counting the client that left mid-stream")
+    wait_until(lambda: c.admin.get("/api/v1/status")["nodes"]["reporting"] == 2, 15,
+               "both agents' reports")
     settled = time.time()
 
     def scraped_twice() -> bool:
