@@ -30,17 +30,32 @@ Reporter = Annotated[StrictStr, Field(min_length=1, max_length=MAX_REPORTER, pat
 Seq = Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]
 EntryRequests = Annotated[int, Field(strict=True, ge=0, le=MAX_ENTRY_REQUESTS)]
 EntryTokens = Annotated[int, Field(strict=True, ge=0, le=MAX_ENTRY_TOKENS)]
+# A model of the routes table, or "(unknown)" (UNKNOWN_MODEL) for a request refused before
+# it named one the key may use (only with ``refused``).
+EntryModel = Name | Literal["(unknown)"]
 
 
 class UsageEntry(Message):
     """What one key used of one model since the reporter's previous report: requests the
-    engine answered (2xx), and the prompt and completion tokens of their usage objects."""
+    engine answered (2xx), and the prompt and completion tokens of their usage objects.
+
+    ``refused``: the key's requests the router answered with its own error instead of an
+    engine's answer, once the key was known to be one of the table's (valid, or expired):
+    over the key's rpm or tpm limit, a model outside its scope, an expired key, the
+    model's queue full or its wait too long, the model parked, stopped or failing, no
+    engine reachable, a malformed request, a client that left while waiting. Not counted:
+    an engine's own error answers (the engine answered), requests without a key (``-``)
+    and requests with an invalid key (no key to book them under). A request refused
+    before it named a model the key may use is booked as model ``(unknown)``. Sent only
+    when above 0 (an older control service refuses the field); an older router omits it
+    (0)."""
 
     key: KeyRef
-    model: Name
+    model: EntryModel
     requests: EntryRequests
     prompt_tokens: EntryTokens
     completion_tokens: EntryTokens
+    refused: EntryRequests = 0
 
 
 class UsageReport(Message):
@@ -63,13 +78,15 @@ class UsageRow(Answer):
     """One key's (or model's, or key and model's) usage. ``key`` is the key's name, ``-``
     for requests without a key, ``(deleted)`` for a key deleted before its router reported;
     ``model`` is ``(unknown)`` for usage a router reported of a model the catalog does not
-    have. Each count stops at MAX_INT (2^53)."""
+    have. ``refused``: the key's requests the routers refused (UsageEntry.refused). Each
+    count stops at MAX_INT (2^53)."""
 
     key: str | None = None
     model: str | None = None
     requests: Count
     prompt_tokens: Count
     completion_tokens: Count
+    refused: Count = 0
 
 
 class UsageList(Answer):

@@ -36,7 +36,8 @@ def apply_report(conn: Any, report: UsageReport, now: float) -> bool:
     known = repo.models_named(conn, {e.model for e in report.entries})
     usage.add_usage(conn, usage.bucket_of(now), (
         Used(NO_KEY if e.key == NO_KEY else names.get(e.key, DELETED_KEY),
-             model_label(e.model, known), e.requests, e.prompt_tokens, e.completion_tokens)
+             model_label(e.model, known), e.requests, e.prompt_tokens, e.completion_tokens,
+             e.refused)
         for e in report.entries))
     usage.prune(conn, now)
     return True

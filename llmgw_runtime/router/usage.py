@@ -5,8 +5,9 @@ to the control service, which stores them (docs/keys.md, "Usage").
   usage when the client did not (``tokens.usage_asked``), reads the tokens of every 2xx
   answer as it passes (``tokens.py``), adds them to this worker's book, and when the
   request ends settles its key's token limit (``tables/limits.py``) with them.
-- :class:`UsageBook`, one per worker: requests and tokens per (key hash, model) since the
-  last report.
+- :class:`UsageBook`, one per worker: requests, tokens and refusals per (key hash, model)
+  since the last report (a refusal booked by ``wsgi.py`` when it answers a known key's
+  request with the router's own error: ``api.usage.UsageEntry.refused``).
 - :class:`UsageReporter`: once a tick (the routes loop) posts what the book gathered as
   a report numbered per worker (``api.usage.UsageReport``); a report that got no answer
   is sent again, same number, until one comes, so the control service counts it once.
@@ -40,7 +41,8 @@ PROBLEM_REPEAT_S = 600.0      # a failing report is logged again after this long
 
 
 class UsageBook:
-    """Requests and tokens per (key hash, model) of this worker, since the last report."""
+    """Requests, tokens and refusals per (key hash, model) of this worker, since the last
+    report: each value is [requests, prompt tokens, completion tokens, refused]."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -50,11 +52,20 @@ class UsageBook:
         with self._lock:
             counts = self._counts.get((key_id, model))
             if counts is None:
-                counts = self._counts[(key_id, model)] = [0, 0, 0]
+                counts = self._counts[(key_id, model)] = [0, 0, 0, 0]
             counts[0] += 1
             if tokens is not None:
                 counts[1] += tokens.prompt
                 counts[2] += tokens.completion
+
+    def refused(self, key_id: str, model: str) -> None:
+        """One request of the key ``key_id`` (a hash of the table's keys) to ``model`` that
+        the router refused (api.usage.UsageEntry.refused says which)."""
+        with self._lock:
+            counts = self._counts.get((key_id, model))
+            if counts is None:
+                counts = self._counts[(key_id, model)] = [0, 0, 0, 0]
+            counts[3] += 1
 
     def take(self, most: int = MAX_USAGE_ENTRIES) -> dict[tuple[str, str], list[int]]:
         """Up to ``most`` entries, removed from the book."""
@@ -127,9 +138,10 @@ class UsageReporter:
         if not taken:
             return None
         try:
+            # refused only when some were (an older control service refuses the field)
             entries = [UsageEntry(key=key, model=model, requests=n, prompt_tokens=p,
-                                  completion_tokens=c)
-                       for (key, model), (n, p, c) in taken.items()]
+                                  completion_tokens=c, **({"refused": r} if r else {}))
+                       for (key, model), (n, p, c, r) in taken.items()]
             report = UsageReport(reporter=self.reporter, seq=self._seq + 1, entries=entries)
         except pydantic.ValidationError as exc:      # a bug: never stop the tick for it
             log.error("usage of %d (key, model) pairs not reportable, dropped: %s",

@@ -20,6 +20,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from ..api.jsonlimits import JsonTooDeep, loads_bounded
+from ..api.usage import NO_KEY
 from ..throttle import retry_after
 from .body import _too_large, content_length, read_body
 from .engine_errors import translate
@@ -40,6 +41,7 @@ from .errors import (
     error_body,
 )
 from .max_tokens import capped
+from .metrics import _MODEL as METRICS_MODEL
 from .metrics import (
     PASSTHROUGH_PATHS,
     PROXIED_PATHS,
@@ -132,15 +134,15 @@ class ProxiedRoutes:
             try:
                 answer = self._proxy(environ, path)
             except RouterError as exc:
-                answer = error_answer(environ, exc)
+                answer = self._refused(environ, error_answer(environ, exc))
             except OSError as exc:    # the body could not be read: the server answers it
-                answer = error_answer(environ, InvalidRequest(
-                    f"the request body could not be read: {exc}"))
+                answer = self._refused(environ, error_answer(environ, InvalidRequest(
+                    f"the request body could not be read: {exc}")))
             except Exception as exc:
                 log.exception("%s %s failed", method, path)
-                answer = error_answer(environ, RouterError(
+                answer = self._refused(environ, error_answer(environ, RouterError(
                     "the router failed on this request (its log says why); retry it, and "
-                    "tell the operator if it keeps failing"))
+                    "tell the operator if it keeps failing")))
                 environ[FAILED] = exc
             meter = environ.get(METER)
             if meter is not None:    # its key's tokens settled now, or when its stream ends
@@ -154,6 +156,20 @@ class ProxiedRoutes:
                 [("Allow", _ALLOW)])
         start_response(status_line(answer.status), answer.headers)
         return answer.body
+
+    def _refused(self, environ: dict[str, Any], answer: Answered) -> Answered:
+        """``answer``, the router's own error to the request, booked under its key when
+        the key is one of the table's (valid or expired; not ``-``, not an invalid key):
+        the key's refusals in the usage reports (api.usage.UsageEntry.refused), under the
+        model the metrics named (``(unknown)`` before one was). One dict update; an
+        engine's own error answer never comes here."""
+        key_id = environ.get(KEY_ID)
+        if key_id is not None and key_id != NO_KEY:
+            table = self._state.routes.table
+            if table is not None and key_id in table.api_key_hashes:
+                self._state.usage.refused(key_id,
+                                          environ.get(METRICS_MODEL) or UNKNOWN_MODEL)
+        return answer
 
     def _proxy(self, environ: dict[str, Any], path: str) -> Answered:
         state = self._state

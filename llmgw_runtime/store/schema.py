@@ -166,6 +166,7 @@ usage = Table(
     Column("requests", BigInteger, nullable=False, default=0),
     Column("prompt_tokens", BigInteger, nullable=False, default=0),
     Column("completion_tokens", BigInteger, nullable=False, default=0),
+    Column("refused", BigInteger, nullable=False, default=0, server_default="0"),  # 0018
 )
 
 # The same since the store began, never pruned: the control service's /metrics counters.
@@ -176,6 +177,7 @@ usage_totals = Table(
     Column("requests", BigInteger, nullable=False, default=0),
     Column("prompt_tokens", BigInteger, nullable=False, default=0),
     Column("completion_tokens", BigInteger, nullable=False, default=0),
+    Column("refused", BigInteger, nullable=False, default=0, server_default="0"),  # 0018
 )
 
 # The last usage report applied per reporter (a router worker process): a report whose

@@ -1,6 +1,6 @@
-"""Usage in the store: tokens per API key and model, summed per hour (``usage``) and since
-the store began (``usage_totals``), and the last report applied per router worker
-(``usage_reporters``), which makes a retried report count once. Plain SQL; the control
+"""Usage in the store: requests, tokens and refusals per API key and model, summed per
+hour (``usage``) and since the store began (``usage_totals``), and the last report applied
+per router worker (``usage_reporters``), which makes a retried report count once. Plain SQL; the control
 service's usage API (control/usage_api.py) decides what to write."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .schema import accounts, usage, usage_reporters, usage_totals
 HOUR_S = 3600.0
 RETENTION_S = 400 * 86400.0      # hourly rows kept this long (the totals for ever)
 REPORTER_TTL_S = 7 * 86400.0     # a reporter silent this long is forgotten (its worker died)
-COUNTS = ("requests", "prompt_tokens", "completion_tokens")
+COUNTS = ("requests", "prompt_tokens", "completion_tokens", "refused")
 BY = {"key": ("key",), "model": ("model",), "key,model": ("key", "model")}
 # Every stored count and every sum read back stops here (JSON's exact integers, the bound
 # of the answers' counts): an absurd report saturates a counter instead of overflowing a
@@ -36,6 +36,7 @@ class Used(NamedTuple):
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    refused: int = 0      # the key's requests the routers refused (api/usage.py)
 
 
 def bucket_of(when: float) -> float:
@@ -70,10 +71,11 @@ def add_usage(conn: Connection, bucket: float, used: Iterable[Used]) -> None:
     are summed first)."""
     merged: dict[tuple[str, str], list[int]] = {}
     for u in used:
-        counts = merged.setdefault((u.key, u.model), [0, 0, 0])
+        counts = merged.setdefault((u.key, u.model), [0, 0, 0, 0])
         counts[0] += u.requests
         counts[1] += u.prompt_tokens
         counts[2] += u.completion_tokens
+        counts[3] += u.refused
     if not merged:
         return
     rows = [{"key": key, "model": model,
@@ -161,5 +163,5 @@ def totals(conn: Connection) -> list[Used]:
     """Every key's usage of every model since the store began."""
     rows = conn.execute(sa.select(usage_totals).order_by(usage_totals.c.key,
                                                          usage_totals.c.model))
-    return [Used(r.key, r.model, int(r.requests), int(r.prompt_tokens),
-                 int(r.completion_tokens)) for r in rows]
+    return [Used(r.key, r.model, *(min(int(getattr(r, c)), MAX_COUNT) for c in COUNTS))
+            for r in rows]

@@ -63,25 +63,28 @@ def test_a_report_is_applied_once_and_stored_by_key_name(api: Api) -> None:
     assert (first.json, again.json) == ({"applied": True}, {"applied": False})
     assert _rows(api) == [
         {"key": "(deleted)", "model": "chat", "requests": 1, "prompt_tokens": 7,
-         "completion_tokens": 1},
+         "completion_tokens": 1, "refused": 0},
         {"key": "-", "model": "chat", "requests": 1, "prompt_tokens": 3,
-         "completion_tokens": 4},
+         "completion_tokens": 4, "refused": 0},
         {"key": "app", "model": "chat", "requests": 1, "prompt_tokens": 10,
-         "completion_tokens": 5},
+         "completion_tokens": 5, "refused": 0},
         {"key": "app", "model": "embed", "requests": 2, "prompt_tokens": 30,
-         "completion_tokens": 0}]
+         "completion_tokens": 0, "refused": 0}]
     # an older report of the same reporter is a retry too; the next one counts
     assert api.call("POST", "/api/v1/usage", token=ROUTER,
                     json=_report("router-a-1", 1, _entry(app))).json == {"applied": False}
     assert api.call("POST", "/api/v1/usage", token=ROUTER,
                     json=_report("router-a-1", 2, _entry(app))).json == {"applied": True}
     assert _rows(api, "?by=key") == [
-        {"key": "(deleted)", "requests": 1, "prompt_tokens": 7, "completion_tokens": 1},
-        {"key": "-", "requests": 1, "prompt_tokens": 3, "completion_tokens": 4},
-        {"key": "app", "requests": 4, "prompt_tokens": 50, "completion_tokens": 10}]
+        {"key": "(deleted)", "requests": 1, "prompt_tokens": 7, "completion_tokens": 1,
+         "refused": 0},
+        {"key": "-", "requests": 1, "prompt_tokens": 3, "completion_tokens": 4, "refused": 0},
+        {"key": "app", "requests": 4, "prompt_tokens": 50, "completion_tokens": 10, "refused": 0}]
     assert _rows(api, "?by=model") == [
-        {"model": "chat", "requests": 4, "prompt_tokens": 30, "completion_tokens": 15},
-        {"model": "embed", "requests": 2, "prompt_tokens": 30, "completion_tokens": 0}]
+        {"model": "chat", "requests": 4, "prompt_tokens": 30, "completion_tokens": 15,
+         "refused": 0},
+        {"model": "embed", "requests": 2, "prompt_tokens": 30, "completion_tokens": 0,
+         "refused": 0}]
 
 
 def test_the_same_report_sent_twice_at_once_counts_once(api: Api) -> None:
@@ -196,6 +199,29 @@ def test_metrics_count_tokens_per_key_name_and_model(api: Api) -> None:
 
 
 @pytest.mark.usefixtures("catalog")
+def test_refusals_are_counted_per_key_name_in_the_api_and_metrics(api: Api) -> None:
+    """Issue 29: a router's refusals of a key's requests (UsageEntry.refused) are stored
+    under the key's name, summed per hour and since the store began, read back by
+    GET /api/v1/usage and /metrics' llmgw_usage_refused_total; a report of an older router
+    (no ``refused``) still applies, counting none."""
+    app = _key(api, "app", rpm=1)
+    older = _entry(app)
+    assert "refused" not in older
+    for seq, entry in ((1, {**_entry(app, requests=0, prompt=0, completion=0), "refused": 3}),
+                       (2, {**_entry(app, "(unknown)", 0, 0, 0), "refused": 2}),
+                       (3, older)):
+        resp = api.call("POST", "/api/v1/usage", token=ROUTER, json=_report("r", seq, entry))
+        assert resp.json == {"applied": True}, resp.json
+    assert _rows(api, "?by=key") == [{"key": "app", "requests": 1, "prompt_tokens": 10,
+                                      "completion_tokens": 5, "refused": 5}]
+    text = api.call("GET", "/metrics").get_data(as_text=True)
+    assert "# TYPE llmgw_usage_refused_total counter" in text
+    assert 'llmgw_usage_refused_total{key="app",model="chat"} 3.0' in text
+    assert 'llmgw_usage_refused_total{key="app",model="(unknown)"} 2.0' in text
+    assert app not in text
+
+
+@pytest.mark.usefixtures("catalog")
 def test_the_console_shows_usage_per_key_and_model(api: Api) -> None:
     app = _key(api, "app")
     api.call("POST", "/api/v1/usage", token=ROUTER,
@@ -267,8 +293,9 @@ def test_models_outside_the_catalog_are_booked_under_one_label(api: Api) -> None
                     json=_report("r", 1, _entry("-", "chat"), *made_up))
     assert resp.status_code == 200, resp.json
     assert _rows(api, "?by=model") == [
-        {"model": "(unknown)", "requests": 50, "prompt_tokens": 100, "completion_tokens": 150},
-        {"model": "chat", "requests": 1, "prompt_tokens": 10, "completion_tokens": 5}]
+        {"model": "(unknown)", "requests": 50, "prompt_tokens": 100, "completion_tokens": 150,
+         "refused": 0},
+        {"model": "chat", "requests": 1, "prompt_tokens": 10, "completion_tokens": 5, "refused": 0}]
     text = api.call("GET", "/metrics").get_data(as_text=True)
     assert 'llmgw_key_requests_total{key="-",model="(unknown)"} 50.0' in text
     assert "made-up" not in text
@@ -290,6 +317,6 @@ def test_huge_counts_are_refused_per_entry_and_saturate_when_summed(api: Api) ->
         assert resp.status_code == 200, resp.json
     assert _rows(api, "?by=model") == [
         {"model": "chat", "requests": 10**13, "prompt_tokens": 2**53,
-         "completion_tokens": 2**53}]
+         "completion_tokens": 2**53, "refused": 0}]
     assert 'model="chat",kind="prompt"} 9.007199254740992e+15' in api.call(
         "GET", "/metrics").get_data(as_text=True)

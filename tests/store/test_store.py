@@ -15,8 +15,8 @@ CAT = """models:
 
 
 def test_migrate_is_repeatable(store: Store) -> None:
-    assert store.migrate() == "0016"
-    assert store.migrate() == "0016"
+    assert store.migrate() == "0018"
+    assert store.migrate() == "0018"
 
 
 def test_apply_creates_updates_and_reports_unchanged(store: Store) -> None:
