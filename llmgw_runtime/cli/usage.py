@@ -1,5 +1,6 @@
-"""``llmgw ctl usage``: tokens per API key and model, as the routers counted them from
-the engines' usage objects and the control service stored them (docs/keys.md); with
+"""``llmgw ctl usage``: requests, tokens and refusals per API key and model, as the routers
+counted them (tokens from the engines' usage objects) and the control service stored them
+(docs/keys.md); with
 ``--gpu-hours`` the device-hours the models' replicas held, per device class, shared per
 key by tokens, and their cost (docs/operations.md, "GPU-hours")."""
 
@@ -30,9 +31,10 @@ UNATTRIBUTED = "(unattributed)"     # the KEY of hours no key's tokens account f
 @output_option
 @click.pass_context
 def usage(ctx: click.Context, since: str, by: str, fmt: str, gpu_hours: bool) -> None:
-    """Requests and tokens (prompt, completion) per API key and model. Key "-": requests
-    to a router that does not require keys; "(deleted)": a key deleted before its router
-    reported. With --gpu-hours: device-hours and cost per model or key and device class;
+    """Requests and tokens (prompt, completion) per API key and model, and the key's
+    requests the routers refused (over its limits, outside its scope, expired, queue full
+    or wait too long, ...). Key "-": requests to a router that does not require keys;
+    "(deleted)": a key deleted before its router reported. With --gpu-hours: device-hours and cost per model or key and device class;
     key "(unattributed)": hours of a model that used no tokens in that hour."""
     try:
         parse_duration(since)
@@ -44,10 +46,12 @@ def usage(ctx: click.Context, since: str, by: str, fmt: str, gpu_hours: bool) ->
     data = client(ctx).get("/api/v1/usage?" + urlencode({"since": since, "by": by}),
                            answer=messages.UsageList)
     columns = by.split(",")
-    headers = [c.upper() for c in columns] + ["REQUESTS", "PROMPT", "COMPLETION", "TOTAL"]
+    headers = [c.upper() for c in columns] + ["REQUESTS", "PROMPT", "COMPLETION", "TOTAL",
+                                              "REFUSED"]
     rows = [[r.get(c) or "" for c in columns]
             + [r["requests"], r["prompt_tokens"], r["completion_tokens"],
-               r["prompt_tokens"] + r["completion_tokens"]] for r in data["rows"]]
+               r["prompt_tokens"] + r["completion_tokens"], r.get("refused", 0)]
+            for r in data["rows"]]
     show(data, rows, headers, fmt)
 
 

@@ -61,21 +61,24 @@ def test_ctl_usage_shows_tokens_per_key_and_model(control: str) -> None:  # noqa
         {"key": digest, "model": "chat", "requests": 3, "prompt_tokens": 120,
          "completion_tokens": 40},
         {"key": digest, "model": "embed", "requests": 1, "prompt_tokens": 9,
-         "completion_tokens": 0},
+         "completion_tokens": 0, "refused": 2},       # e.g. over its rpm limit (issue 29)
         {"key": "-", "model": "chat", "requests": 1, "prompt_tokens": 5,
          "completion_tokens": 5}])
     code, out = ctl(control, "usage")
     assert code == 0, out
     lines = [line.split() for line in out.splitlines()]
-    assert lines == [["KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "TOTAL"],
-                     ["-", "chat", "1", "5", "5", "10"],
-                     ["app", "chat", "3", "120", "40", "160"],
-                     ["app", "embed", "1", "9", "0", "9"]]
+    assert lines == [["KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "TOTAL", "REFUSED"],
+                     ["-", "chat", "1", "5", "5", "10", "0"],
+                     ["app", "chat", "3", "120", "40", "160", "0"],
+                     ["app", "embed", "1", "9", "0", "9", "2"]]
     code, out = ctl(control, "usage", "--by", "key", "--since", "7d")
     assert [line.split() for line in out.splitlines()][1:] == [
-        ["-", "1", "5", "5", "10"], ["app", "4", "129", "40", "169"]]
+        ["-", "1", "5", "5", "10", "0"], ["app", "4", "129", "40", "169", "2"]]
     data = json.loads(ctl(control, "usage", "--by", "model", "-o", "json")[1])
-    assert data["by"] == "model" and data["rows"][0] == {
-        "model": "chat", "requests": 4, "prompt_tokens": 125, "completion_tokens": 45}
+    assert data["by"] == "model" and data["rows"] == [
+        {"model": "chat", "requests": 4, "prompt_tokens": 125, "completion_tokens": 45,
+         "refused": 0},
+        {"model": "embed", "requests": 1, "prompt_tokens": 9, "completion_tokens": 0,
+         "refused": 2}]
     code, out = ctl(control, "usage", "--since", "soon")
     assert code == 2 and "--since" in out
