@@ -112,8 +112,8 @@ DEV = 'class=~"$class", node=~"$node"'
 NODE = 'node=~"$node"'
 KEY = 'key=~"$key", model=~"$model"'
 DEVICE = "node, device, class"
-# The codes the routers answer when a request's API key refuses it (docs/keys.md): the
-# routers count them by model and code, not by key.
+# The codes the routers answer when a request's API key refuses it (docs/keys.md), as the
+# routers count them by model and code (per key: llmgw_usage_refused_total).
 KEY_REFUSALS = "invalid_api_key|too_many_failed_keys|rate_limit_exceeded"
 
 MODEL_VAR = Var("model", "Model", "label_values(llmgw_model_desired_replicas, model)")
@@ -383,8 +383,8 @@ MODELS = Dashboard(
 
 KEYS = Dashboard(
     "llmgw-keys", "llmgw / API keys",
-    "Requests and tokens per API key (the control service's usage counters: '-' is "
-    "requests without a key), and the routers' refusals tied to keys.",
+    "Requests, tokens and refusals per API key (the control service's usage counters: '-' "
+    "is requests without a key), and the routers' refusals tied to keys by code.",
     (Var("key", "API key", "label_values(llmgw_key_requests_total, key)"),
      Var("model", "Model", "label_values(llmgw_key_requests_total, model)")),
     (
@@ -407,18 +407,32 @@ KEYS = Dashboard(
             Q(f"sum by (key, model) (max by (key, model) "
               f"(increase(llmgw_key_requests_total{{{KEY}}}[{RANGE}])))", "", instant=True),
             Q(f"sum by (key, model, kind) (max by (key, model, kind) "
-              f"(increase(llmgw_key_tokens_total{{{KEY}}}[{RANGE}])))", "", instant=True)),
-            "Requests and tokens of each key and model in the time range.", kind="table",
+              f"(increase(llmgw_key_tokens_total{{{KEY}}}[{RANGE}])))", "", instant=True),
+            Q(f"sum by (key, model) (max by (key, model) "
+              f"(increase(llmgw_usage_refused_total{{{KEY}}}[{RANGE}])))", "", instant=True)),
+            "Requests, tokens and refused requests of each key and model in the time "
+            "range.", kind="table",
             width=16),
         ts("Requests by key and model", "Requests of each key to each model.",
            Q(f"max by (key, model) (rate(llmgw_key_requests_total{{{KEY}}}[{RATE}]))",
              "{{key}} {{model}}"), unit="reqps"),
         Row("Refusals"),
-        ts("Refusals tied to keys", "Requests the routers refused for their key: a wrong "
-           "or expired key (invalid_api_key), an address sending wrong keys "
-           "(too_many_failed_keys), a key over its --rpm or --tpm (rate_limit_exceeded). "
-           "The routers count these per model and code, not per key: `llmgw ctl keys "
-           "list` and the routers' logs name the key.",
+        ts("Refusals per key", "Requests of each key that the routers refused with their "
+           "own error: over its --rpm or --tpm, a model outside its scope, an expired key, "
+           "the model's queue full or wait too long, ... (the usage the routers report; "
+           "`llmgw ctl usage` shows the same as REFUSED). Requests without a key or with a "
+           "wrong key have no key to count under: see the refusals by code.",
+           Q(f"sum by (key) (max by (key, model) "
+             f"(rate(llmgw_usage_refused_total{{{KEY}}}[{RATE}])))", "{{key}}"),
+           unit="reqps"),
+        ts("Refusals by key and model", "Each key's refused requests per model (model "
+           "(unknown): refused before it named a model the key may use).",
+           Q(f"max by (key, model) (rate(llmgw_usage_refused_total{{{KEY}}}[{RATE}]))",
+             "{{key}} {{model}}"), unit="reqps"),
+        ts("Key refusals by code", "Requests the routers refused for their key, by code: "
+           "a wrong or expired key (invalid_api_key), an address sending wrong keys "
+           "(too_many_failed_keys), a key over its --rpm or --tpm (rate_limit_exceeded); "
+           "counted by every router, wrong keys and no key included.",
            Q(f"sum by (code) "
              f"(rate(llmgw_router_errors_total{{code=~\"{KEY_REFUSALS}\"}}[{RATE}]))",
              "{{code}}"),

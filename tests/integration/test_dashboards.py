@@ -216,6 +216,12 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(
     # the routers' usage reports reach the store; Prometheus scrapes twice after that
     wait_until(lambda: metric_tls(c.control_url, c.ca_file, "llmgw_key_requests_total",
                                   key="dash", model="tiny") == 2, 15, "dash's usage reported")
+    # the request over dash's --rpm: refused by the router, booked under the key's name
+    wait_until(lambda: metric_tls(c.control_url, c.ca_file, "llmgw_usage_refused_total",
+                                  key="dash", model="tiny") == 1, 15,
+               "dash's refusal reported")
+    assert [r["refused"] for r in c.admin.get("/api/v1/usage?by=key")["rows"]
+            if r["key"] == "dash"] == [1]
     wait_until(lambda: metric_tls(c.router_url, c.ca_file,
                                   "llmgw_router_client_cancelled_total",
                                   model="tiny", when="streaming"), 10,

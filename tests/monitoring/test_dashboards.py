@@ -92,3 +92,16 @@ def test_panels_fit_the_grid_without_overlapping() -> None:
                     assert (x, y) not in taken, \
                         f"{name}: {panel['title']} overlaps {taken[(x, y)]}"
                     taken[(x, y)] = panel["title"]
+
+
+def test_the_keys_dashboard_shows_refusals_per_key() -> None:
+    """Issue 29: refusals per key, from the usage the routers report (the routers' own
+    counters have no key label); no panel says refusals by key are not available."""
+    doc = committed()["llmgw-keys.json"]
+    panel = next(p for p in _panels(doc) if p["title"] == "Refusals per key")
+    [target] = panel["targets"]
+    assert target["expr"].startswith("sum by (key) ")
+    assert "llmgw_usage_refused_total{" in target["expr"]
+    assert target["legendFormat"] == "{{key}}"
+    text = str(committed()).lower()
+    assert "not per key" not in text and "not available" not in text
