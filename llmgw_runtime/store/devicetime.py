@@ -7,12 +7,13 @@ PostgreSQL alike."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .schema import device_time, usage
+from .upsert import add_rows
 
 Bucket = tuple[float, str, str]      # (hour start, model, device class)
 
@@ -30,23 +31,11 @@ def add(conn: Connection, seconds: Mapping[Bucket, float]) -> None:
     """Add ``seconds`` (by (hour start, model, device class)) to the rows there, inserting
     those not there yet (one statement executed for every row; zero and negative amounts
     are left out)."""
-    from sqlalchemy.dialects import postgresql, sqlite
-
     rows = [{"bucket": float(bucket), "model": model, "device_class": device_class,
              "seconds": float(amount)}
             for (bucket, model, device_class), amount in sorted(seconds.items())
             if amount > 0]
-    if not rows:
-        return
-    stmt: Any
-    if conn.dialect.name == "postgresql":
-        stmt = postgresql.insert(device_time)
-    else:
-        stmt = sqlite.insert(device_time)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["bucket", "model", "device_class"],
-        set_={"seconds": device_time.c.seconds + stmt.excluded.seconds})
-    conn.execute(stmt, rows)
+    add_rows(conn, device_time, ("bucket", "model", "device_class"), rows, ("seconds",))
 
 
 def read(conn: Connection, since: float, until: float) -> list[DeviceTime]:

@@ -23,6 +23,7 @@ from ..api.fields import MAX_INT
 from ..api.history import HOUR_S, MINUTE_S
 from ..api.router import FIRST_BYTE_BUCKETS_S
 from .schema import history_classes, history_models
+from .upsert import insert, most, summed
 
 MAX_COUNT = MAX_INT               # a stored count stops here (JSON's exact integers)
 MAX_GAUGE = 1_000_000             # and a gauge here (api.fields.SmallCount)
@@ -64,36 +65,18 @@ def counts_text(counts: Sequence[int]) -> str | None:
     return json.dumps(list(counts), separators=(",", ":")) if any(counts) else None
 
 
-def _insert(conn: Connection, table: sa.Table) -> Any:
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    return (postgresql.insert(table) if conn.dialect.name == "postgresql"
-            else sqlite.insert(table))
-
-
-def _most(table: sa.Table, stmt: Any, column: str) -> Any:
-    """The larger of the stored value and the one being inserted (portable GREATEST)."""
-    return sa.case((stmt.excluded[column] > table.c[column], stmt.excluded[column]),
-                   else_=table.c[column])
-
-
-def _summed(table: sa.Table, stmt: Any, column: str) -> Any:
-    return sa.case((table.c[column] + stmt.excluded[column] > MAX_COUNT, MAX_COUNT),
-                   else_=table.c[column] + stmt.excluded[column])
-
-
 def add_post(conn: Connection, model: str, minute: float, *, requests: int, refused: int,
              first_byte: Sequence[int], waiting: int, busy: int) -> None:
     """A router's post into ``model``'s minute row: requests answered and refused added,
     first-byte counts added bucket by bucket, requests waiting and slots busy (the load
     summed over routers as it stands after the post) kept if the most seen this minute.
     The upsert locks the row, so the first-byte counts of two posts at once both count."""
-    stmt = _insert(conn, history_models).values(
+    stmt = insert(conn, history_models).values(
         model=model, step=MINUTE_S, t=minute, requests=min(requests, MAX_COUNT),
         refused=min(refused, MAX_COUNT), waiting=min(waiting, MAX_GAUGE),
         busy=min(busy, MAX_GAUGE))
-    set_ = {**{c: _summed(history_models, stmt, c) for c in COUNTS},
-            **{c: _most(history_models, stmt, c) for c in ("waiting", "busy")}}
+    set_ = {**{c: summed(history_models, stmt, c, MAX_COUNT) for c in COUNTS},
+            **{c: most(history_models, stmt, c) for c in ("waiting", "busy")}}
     stored = conn.execute(stmt.on_conflict_do_update(
         index_elements=["model", "step", "t"], set_=set_)
         .returning(history_models.c.first_byte)).scalar_one()
@@ -115,16 +98,16 @@ def put_minute(conn: Connection, minute: float, models: Iterable[dict[str, Any]]
                    **{c: min(int(m.get(c, 0)), MAX_GAUGE) for c in GAUGES}}
                   for m in models]
     if model_rows:
-        stmt = _insert(conn, history_models)
+        stmt = insert(conn, history_models)
         set_ = {c: stmt.excluded[c] for c in ("ready", "wanted", "slots")}
-        set_.update({c: _most(history_models, stmt, c) for c in ("waiting", "busy")})
+        set_.update({c: most(history_models, stmt, c) for c in ("waiting", "busy")})
         conn.execute(stmt.on_conflict_do_update(index_elements=["model", "step", "t"],
                                                 set_=set_), model_rows)
     class_rows = [{"device_class": c["device_class"], "step": MINUTE_S, "t": minute,
                    **{g: min(int(c.get(g, 0)), MAX_GAUGE) for g in CLASS_GAUGES}}
                   for c in classes]
     if class_rows:
-        stmt = _insert(conn, history_classes)
+        stmt = insert(conn, history_classes)
         conn.execute(stmt.on_conflict_do_update(
             index_elements=["device_class", "step", "t"],
             set_={g: stmt.excluded[g] for g in CLASS_GAUGES}), class_rows)
@@ -137,14 +120,14 @@ def put_hours(conn: Connection, models: Iterable[dict[str, Any]],
     model_rows = [{**{k: v for k, v in m.items() if k != "first_byte"}, "step": HOUR_S,
                    "first_byte": counts_text(m.get("first_byte") or ())} for m in models]
     if model_rows:
-        stmt = _insert(conn, history_models)
+        stmt = insert(conn, history_models)
         conn.execute(stmt.on_conflict_do_update(
             index_elements=["model", "step", "t"],
             set_={c: stmt.excluded[c] for c in (*GAUGES, *COUNTS, "first_byte")}),
             model_rows)
     class_rows = [{**c, "step": HOUR_S} for c in classes]
     if class_rows:
-        stmt = _insert(conn, history_classes)
+        stmt = insert(conn, history_classes)
         conn.execute(stmt.on_conflict_do_update(
             index_elements=["device_class", "step", "t"],
             set_={g: stmt.excluded[g] for g in CLASS_GAUGES}), class_rows)

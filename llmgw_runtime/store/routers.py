@@ -6,12 +6,11 @@ the value changed or the stored time is :data:`REFRESH_S` old."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .schema import routers
+from .upsert import insert
 
 REFRESH_S = 10.0            # a stored time this old is written again
 KEEP_S = 86400.0            # a router silent this long is forgotten (its id is per start)
@@ -32,10 +31,7 @@ def heard(conn: Connection, router: str, keys_optional: bool, now: float) -> boo
     if not needs_write(stored, keys_optional, now):
         return False
     values = {"keys_optional": int(keys_optional), "heard": now}
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    stmt: Any = (postgresql.insert(routers) if conn.dialect.name == "postgresql"
-                 else sqlite.insert(routers)).values(id=router, **values)
+    stmt = insert(conn, routers).values(id=router, **values)
     # Two workers of one router may post at once: the later one's word wins.
     conn.execute(stmt.on_conflict_do_update(index_elements=["id"], set_=values))
     if row is None:                 # a new router (once per start): forget silent ones

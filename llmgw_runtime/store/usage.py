@@ -6,7 +6,7 @@ service's usage API (control/usage_api.py) decides what to write."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..api.fields import MAX_INT
 from .schema import accounts, usage, usage_reporters, usage_totals
+from .upsert import add_rows
 
 HOUR_S = 3600.0
 RETENTION_S = 400 * 86400.0      # hourly rows kept this long (the totals for ever)
@@ -81,26 +82,9 @@ def add_usage(conn: Connection, bucket: float, used: Iterable[Used]) -> None:
     rows = [{"key": key, "model": model,
              **{c: min(n, MAX_COUNT) for c, n in zip(COUNTS, counts, strict=True)}}
             for (key, model), counts in sorted(merged.items())]
-    _add(conn, usage, ("bucket", "key", "model"), [{"bucket": bucket, **r} for r in rows])
-    _add(conn, usage_totals, ("key", "model"), rows)
-
-
-def _add(conn: Connection, table: sa.Table, keys: Sequence[str],
-         rows: list[dict[str, Any]]) -> None:
-    """Insert ``rows``, or add their counts to the rows already there, each sum stopping
-    at :data:`MAX_COUNT` (one statement, executed for every row)."""
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    stmt: Any
-    if conn.dialect.name == "postgresql":
-        stmt = postgresql.insert(table)
-    else:
-        stmt = sqlite.insert(table)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=list(keys),
-        set_={c: sa.case((table.c[c] + stmt.excluded[c] > MAX_COUNT, MAX_COUNT),
-                         else_=table.c[c] + stmt.excluded[c]) for c in COUNTS})
-    conn.execute(stmt, rows)
+    add_rows(conn, usage, ("bucket", "key", "model"), [{"bucket": bucket, **r} for r in rows],
+             COUNTS, cap=MAX_COUNT)
+    add_rows(conn, usage_totals, ("key", "model"), rows, COUNTS, cap=MAX_COUNT)
 
 
 def prune(conn: Connection, now: float) -> None:
