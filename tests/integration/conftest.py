@@ -232,9 +232,14 @@ def cluster(cluster_factory: Any, tiny_model: Path) -> Cluster:
 def metric(url: str, name: str, **labels: str) -> float | None:
     """The value of one sample on a /metrics page (summed over the samples that match
     ``labels``), or None when absent."""
+    return metric_in(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode(),
+                     name, **labels)
+
+
+def metric_in(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in a /metrics text, as :func:`metric` reads it."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
     found: float | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

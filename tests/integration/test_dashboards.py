@@ -29,7 +29,7 @@ from tests.monitoring.support import all_queries, generator
 from tests.support.certs import make_pki
 from tests.support.procs import free_port, wait_until
 
-from .conftest import Cluster
+from .conftest import Cluster, metric_in
 
 pytestmark = pytest.mark.slow
 
@@ -152,16 +152,8 @@ class Traffic:
 
 
 def metric_tls(url: str, ca_file: str | None, name: str, **labels: str) -> float | None:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = requests.get(url + "/metrics", verify=ca_file, timeout=10).text
-    found = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v
-                                           for k, v in labels.items()):
-                found = (found or 0.0) + float(sample.value)
-    return found
+    return metric_in(requests.get(url + "/metrics", verify=ca_file, timeout=10).text, name,
+                     **labels)
 
 
 def make_traffic(t: Traffic, key: str) -> None:
