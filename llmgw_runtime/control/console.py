@@ -341,7 +341,7 @@ def usage_by_key(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     keys: dict[str, dict[str, int]] = {}
     for row in rows:
         total = keys.setdefault(row["key"], {"requests": 0, "prompt_tokens": 0,
-                                             "completion_tokens": 0})
+                                             "completion_tokens": 0, "refused": 0})
         for field in total:
-            total[field] += row[field]
+            total[field] += row.get(field, 0)
     return keys

@@ -225,7 +225,7 @@ def test_refusals_are_counted_per_key_name_in_the_api_and_metrics(api: Api) -> N
 def test_the_console_shows_usage_per_key_and_model(api: Api) -> None:
     app = _key(api, "app")
     api.call("POST", "/api/v1/usage", token=ROUTER,
-             json=_report("r", 1, _entry(app, "chat", 3, 120, 45)))
+             json=_report("r", 1, {**_entry(app, "chat", 3, 120, 45), "refused": 7}))
     assert api.client.get("/console/usage").status_code in (302, 303)
     login(api)
     html = api.client.get("/console/usage?since=7d").get_data(as_text=True)
@@ -233,8 +233,10 @@ def test_the_console_shows_usage_per_key_and_model(api: Api) -> None:
     row = html.split('<table id="usage">')[1]
     for cell in ("<td>app</td>", "<td>chat</td>", '<td class="num">3</td>',
                  '<td class="num">120</td>', '<td class="num">45</td>',
-                 '<td class="num">165</td>'):
+                 '<td class="num">165</td>', '<td class="num">7</td>'):
         assert cell in row
+    by_key = html.split('<table id="usage-keys">')[1].split("</table>")[0]
+    assert ">Refused</th>" in by_key and '<td class="num">7</td>' in by_key  # issue 29
     assert 'href="/console/usage"' in html          # in the navigation
 
 
