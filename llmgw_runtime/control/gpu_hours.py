@@ -41,6 +41,7 @@ from ..store import devicetime, repo
 from ..store.devicetime import Bucket, DeviceTime
 from ..store.usage import HOUR_S, RETENTION_S, bucket_of
 from .config import ControlConfig
+from .snapshot import device_views
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,25 @@ def gap_bound_s(config: ControlConfig) -> float:
 
 
 def _ids(devices: Any) -> list[int]:
-    """A replica's (or part's) placement ids from its row's JSON."""
-    value = json.loads(devices) if isinstance(devices, str) else devices
-    return [int(d) for d in value or []]
+    """A replica's (or part's) placement ids from its row's JSON; none when the row holds
+    something else (written by hand, or before rows were checked)."""
+    try:
+        value = json.loads(devices) if isinstance(devices, str) else devices
+        return [d for d in value or [] if isinstance(d, int) and not isinstance(d, bool)]
+    except (ValueError, TypeError):
+        return []
+
+
+def _classes(node: Any) -> dict[int, str]:
+    """A node's device classes by id, read as the planner reads its stored report
+    (snapshot.device_views, cached); a report it cannot use gives none, so its devices
+    count under UNKNOWN_CLASS instead of stopping the pass (placement leaves that node out
+    and says why)."""
+    devices = node.devices if isinstance(node.devices, str) else json.dumps(node.devices)
+    try:
+        return {d.id: d.klass or UNKNOWN_CLASS for d in device_views(devices)}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return {}
 
 
 def held(replicas: Iterable[Any], parts: Mapping[str, list[Any]], nodes: Iterable[Any],
@@ -103,8 +120,8 @@ def held(replicas: Iterable[Any], parts: Mapping[str, list[Any]], nodes: Iterabl
     for node in nodes:
         if heard_from(node.last_report, now, node_timeout_s):
             alive.add(node.name)
-        for dev in json.loads(node.devices) if isinstance(node.devices, str) else node.devices:
-            classes[(node.name, int(dev["id"]))] = str(dev.get("class") or UNKNOWN_CLASS)
+        for dev_id, klass in _classes(node).items():
+            classes[(node.name, dev_id)] = klass
     users: dict[tuple[str, int], list[str]] = defaultdict(list)
     for r in replicas:
         if r.state not in HOLDING:
