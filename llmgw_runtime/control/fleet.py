@@ -113,11 +113,14 @@ def write(conn: Connection, changes: Changes, now: float) -> None:
         repo.add_event(conn, now, kind, subject, message)
 
 
-def reconcile(conn: Connection, now: float, settings: Settings) -> Changes:
-    """One pass: read, decide, write. Returns the changes (the reconciler logs from them)."""
-    changes = decide(read(conn), now, settings)
+def reconcile(conn: Connection, now: float, settings: Settings) -> tuple[Changes, Fleet]:
+    """One pass: read, decide, write. Returns the changes (the reconciler logs from them)
+    and the fleet it read, whose node rows the pass does not change (the device clock
+    counts with them instead of reading every node's report again)."""
+    fleet = read(conn)
+    changes = decide(fleet, now, settings)
     write(conn, changes, now)
-    return changes
+    return changes, fleet
 
 
 # ------------------------------------------------------------------ what views ask

@@ -63,8 +63,8 @@ class Reconciler:
             if not repo.holds_lease(conn, LEASE, self.holder, now, lock=True):
                 self.is_leader = False
                 return False
-            changes = fleet.reconcile(conn, now, self.settings)
-            self.device_clock.observe(conn, now)
+            changes, seen = fleet.reconcile(conn, now, self.settings)
+            self.device_clock.observe(conn, now, seen.nodes.values())
         self._log_placement(changes, now)
         self.history.tick(self.store, now)
         return True
