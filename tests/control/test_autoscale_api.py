@@ -189,6 +189,9 @@ HOSTILE = [
     {"oldest_wait_s": -0.1}, {"oldest_wait_s": 3601}, {"oldest_wait_s": 1e300},
     {"oldest_wait_s": "4"}, {"queued": 2**60}, {"queued": -1}, {"queued": None},
     {"at_capacity": "yes"}, {"at_capacity": 1}, {"at_capacity": None},
+    {"first_byte": [-1]}, {"first_byte": [1] * 12}, {"first_byte": [1.5]},
+    {"first_byte": ["1"]}, {"first_byte": [10**7]}, {"first_byte": [[1]]},
+    {"first_byte": {"0.1": 1}},
 ]
 
 
@@ -202,6 +205,15 @@ def test_a_hostile_load_field_is_a_400_and_nothing_is_stored(api: Api,
     [field] = bad
     assert any(d.startswith(f"capacity.tiny.{field}") for d in resp.json["error"]["details"])
     assert scaling(api)["signal"]["routers"] == 0
+
+
+@pytest.mark.parametrize("keys_optional", ["yes", 1, None, [True], {"a": True}])
+def test_a_hostile_keys_optional_is_a_400(api: Api, keys_optional: Any) -> None:
+    rid, _ = ready(api)
+    resp = api.call("POST", "/api/v1/idle", ROUTER, json={
+        "replicas": {rid: 0.5}, "router": "rt-a", "keys_optional": keys_optional})
+    assert resp.status_code == 400, resp.json
+    assert any(d.startswith("keys_optional") for d in resp.json["error"]["details"])
 
 
 @pytest.mark.parametrize("router", ["", "rt a", "rt-\x1b[2J", "x" * 81, 5, ["rt"], "/rt"])

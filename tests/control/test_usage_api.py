@@ -148,6 +148,11 @@ def test_usage_since_counts_from_the_start_of_that_hour(api: Api) -> None:
     (_report("r", 1, _entry("-", requests=-1)), "requests"),
     (_report("r", 1, _entry("-", prompt=2**53 + 1)), "prompt_tokens"),
     (_report("r", 1, _entry("-", completion=1.0)), "completion_tokens"),   # type: ignore[arg-type]
+    (_report("r", 1, {**_entry("-"), "refused": -1}), "refused"),
+    (_report("r", 1, {**_entry("-"), "refused": 10**9 + 1}), "refused"),
+    (_report("r", 1, {**_entry("-"), "refused": "3"}), "refused"),
+    (_report("r", 1, {**_entry("-"), "refused": 1.5}), "refused"),
+    (_report("r", 1, {**_entry("-"), "refused": [1]}), "refused"),
     (_report("r", 1, {**_entry("-"), "cost": 1}), "cost"),
     ({**_report("r", 1, _entry("-")), "extra": 1}, "extra"),
     ({"reporter": "r", "seq": 1}, "entries"),
