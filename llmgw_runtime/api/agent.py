@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -201,3 +202,41 @@ class ReportAnswer(Answer):
         default=None, max_length=MAX_SOURCES)
     sources_hash: Annotated[str, Field(max_length=64)] | None = None
     problems: list[Text] = Field(default_factory=list, max_length=64)
+
+
+# ---------------------------------------------------------------- the heartbeat (issue 30)
+
+Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+FULL_REPORT_EVERY_S = 300.0   # an agent sends a full report at least this often, changed or not
+
+
+class Heartbeat(Message):
+    """What an agent sends in place of a report when nothing but its replicas' states or
+    its devices' readings changed since its last full report (``POST
+    /api/v1/agent/heartbeat``).
+
+    ``digest`` is :func:`report_digest` of the last full report this agent sent. The
+    control service answers from memory when it holds that report: it takes the report,
+    puts ``replicas`` (sent only when a replica's state, port, pid, error or progress
+    changed since the last heartbeat or report) and ``devices`` (sent only when a reading
+    changed) in place of the report's, and answers as it would answer that report. When it
+    does not hold the report (another control host, a restart, a changed node) its answer
+    has ``full_report`` true and the agent sends its full report at once."""
+
+    node: NodeName
+    digest: Digest
+    replicas: list[ReplicaReport] | None = Field(default=None, max_length=MAX_LIST)
+    devices: list[DeviceReport] | None = Field(default=None, max_length=MAX_DEVICES)
+
+
+class HeartbeatAnswer(Answer):
+    """``full_report`` true: send the full report now (``answer`` is then None and the
+    agent changes nothing it runs). Else ``answer`` is what the report would have got."""
+
+    full_report: Bool = False
+    answer: ReportAnswer | None = None
+
+
+def report_digest(body: bytes) -> str:
+    """The digest a heartbeat names: sha256 of the full report's JSON body as sent."""
+    return hashlib.sha256(body).hexdigest()
