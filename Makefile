@@ -122,8 +122,8 @@ ansible-deps: $(ANSIBLE_STAMP)
 lint-ansible: $(ANSIBLE_STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/ansible-lint
 
-# Every role's Molecule scenario and molecule/store (two at a time; LLMGW_MOLECULE_JOBS=1:
-# one), then molecule/cluster (LLMGW_MOLECULE_ONLY="tls common" limits them); builds the
+# Every role's Molecule scenario, molecule/store and molecule/cluster, two at a time
+# (LLMGW_MOLECULE_JOBS=1: one; LLMGW_MOLECULE_ONLY="tls common" limits them); builds the
 # container image first when missing. $(STAMP): the cluster's prepare and the agent's verify
 # write the tiny test model on this machine with the test extras (gguf, numpy).
 molecule: $(STAMP) ansible-deps llama-cpp

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import sys
 import tarfile
 import tomllib
@@ -54,7 +55,11 @@ def main(argv: list[str]) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     target = dest / f"llmgw-{version}.tar.gz"
     if not target.is_file() or target.read_bytes() != data:
-        target.write_bytes(data)
+        # atomic: Molecule scenarios run side by side and read the archive another one may
+        # be writing (molecule/run-all.sh)
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        partial.write_bytes(data)
+        os.replace(partial, target)
     print(target)
     return 0
 
