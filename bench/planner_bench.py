@@ -1,6 +1,6 @@
 """Benchmark of the fleet planner (``llmgw_runtime.placement.place``) on synthetic fleets.
 
-    .venv/bin/python bench/planner_bench.py [--sizes 250,500,1000,2000] [--profile]
+    .venv/bin/python bench/planner_bench.py [--sizes 250,500,1000,2000,5000,10000] [--profile]
 
 Fleets of N nodes x 8 GPUs in 4 fabrics with mixed classes (some cards split into MIG
 instances), 1,000 models wanting 2,000 replicas (1, 2, 4 and 8 GPUs on one node, a few
@@ -13,8 +13,9 @@ this one process:
   model asks for a class the fleet lacks, so the tick still builds the capacity index;
 - repair: the tick after one single-GPU replica vanished (one start; reported, no target).
 
-Targets: full < 1 s and tick < 50 ms at 2,000 nodes, near-linear growth (the ratio per
-doubling of the fleet is printed). Exit status 1 when a target is missed.
+Targets: full < 1 s at every size up to 10,000 nodes (120,000 devices), tick < 50 ms up to
+2,000 nodes (larger fleets' ticks and repairs are reported), near-linear growth (the ratio
+to the previous size is printed). Exit status 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ WHOLE = {"a100-80g": 80, "h100-80g": 80, "l40s-48g": 48}
 SOURCES = [f"hf://org/model-{i:04d}" for i in range(1000)]
 MODELS, REPLICAS = 1000, 2000
 TARGET_FULL_S, TARGET_TICK_S = 1.0, 0.050
+TICK_TARGET_UP_TO = 2000        # nodes: the tick target holds up to this size
 
 
 def fleet(size: int, seed: int = 7) -> tuple[NodeView, ...]:
@@ -159,7 +161,7 @@ def best_of(runs: int, snap: Snapshot) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="250,500,1000,2000")
+    parser.add_argument("--sizes", default="250,500,1000,2000,5000,10000")
     parser.add_argument("--profile", action="store_true", help="cProfile the largest fleet")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
@@ -203,11 +205,10 @@ def main() -> int:
         prev = (full, tick)
     print("wrong: the nothing-changed tick planned something, or the repair tick did not "
           "start exactly one replica")
-    largest = rows[-1]
-    ok = largest[4] < TARGET_FULL_S and largest[5] < TARGET_TICK_S and all(
-        r[7] == 0 for r in rows)
-    print(f"targets at {largest[0]} nodes: full < {TARGET_FULL_S * 1000:.0f} ms, tick < "
-          f"{TARGET_TICK_S * 1000:.0f} ms, nothing wrong: "
+    ok = all(r[4] < TARGET_FULL_S and r[7] == 0 for r in rows) and all(
+        r[5] < TARGET_TICK_S for r in rows if r[0] <= TICK_TARGET_UP_TO)
+    print(f"targets: full < {TARGET_FULL_S * 1000:.0f} ms at every size, tick < "
+          f"{TARGET_TICK_S * 1000:.0f} ms up to {TICK_TARGET_UP_TO} nodes, nothing wrong: "
           + ("met" if ok else "MISSED"))
     return 0 if ok else 1
 

@@ -25,7 +25,7 @@ from ..fleetvocab import (
     heard_from,
     shares_device,
 )
-from .model import NodeView, ReplicaView, Snapshot
+from .model import DeviceView, NodeView, ReplicaView, Snapshot
 
 Group = str | None          # a fabric name; None groups the nodes that have no fabric
 Bucket = tuple[bool, int]   # (whole, free devices of the class)
@@ -42,17 +42,25 @@ def alive(node: NodeView, snap: Snapshot) -> bool:
     return heard_from(node.last_report, snap.now, snap.node_timeout_s)
 
 
+def _device_id(dev: DeviceView) -> int:
+    return dev.id
+
+
 def replica_nodes(rep: ReplicaView) -> tuple[str, ...]:
     return (rep.node, *(p.node for p in rep.parts))
 
 
-@dataclass
 class _Dev:
-    id: int
-    klass: str
-    free_gb: float
-    users: int = 0
-    exclusive: bool = False
+    """One healthy device of a node: what is free on it and who uses it."""
+
+    __slots__ = ("id", "klass", "free_gb", "users", "exclusive")
+
+    def __init__(self, id_: int, klass: str, free_gb: float) -> None:
+        self.id = id_
+        self.klass = klass
+        self.free_gb = free_gb
+        self.users = 0
+        self.exclusive = False
 
     @property
     def joinable(self) -> bool:
@@ -71,7 +79,7 @@ class NodeState:
         self.fabric = view.fabric
         self.engines = tuple(sorted(set(view.engines)))
         self.by_class: dict[str, list[_Dev]] = {}
-        for dev in sorted(view.devices, key=lambda d: d.id):
+        for dev in sorted(view.devices, key=_device_id):
             if dev.healthy:
                 self.by_class.setdefault(dev.klass, []).append(_Dev(
                     dev.id, dev.klass, (dev.memory_total_mb - dev.memory_used_mb) / 1024.0))
@@ -199,6 +207,9 @@ class Capacity:
         for rank in self.alive:
             for klass in sorted({d.klass for d in self.views[self.names[rank]].devices}):
                 self.classes.setdefault(klass, []).append(rank)
+        # rank -> class -> healthy devices, counted when an index first needs the node:
+        # enough to index a node nothing runs on yet without building its NodeState.
+        self._healthy: dict[int, dict[str, int]] = {}
         # A node's devices are read when a query first needs that node; what the existing
         # replicas use is applied then, in replica id order.
         self._states: dict[int, NodeState] = {}
@@ -269,18 +280,29 @@ class Capacity:
         bucket = None if node.blocked or free == 0 else (node.whole, free)
         ix.put(node.rank, node.fabric, bucket)
 
+    def _healthy_count(self, rank: int, klass: str) -> int:
+        counts = self._healthy.get(rank)
+        if counts is None:
+            counts = self._healthy[rank] = {}
+            for dev in self.views[self.names[rank]].devices:
+                counts[dev.klass] = counts.get(dev.klass, 0) + (1 if dev.healthy else 0)
+        return counts.get(klass, 0)
+
     def index(self, klass: str, engine: str) -> _Index:
         ix = self._indexes.get((klass, engine))
         if ix is None:
             ix = self._indexes[(klass, engine)] = _Index()
             for rank in self.classes.get(klass, ()):
-                if engine not in self.views[self.names[rank]].engines:
+                view = self.views[self.names[rank]]
+                healthy = self._healthy_count(rank, klass)
+                if engine not in view.engines or not healthy:
                     continue
-                node = self.node(rank)
-                if klass in node.by_class:      # it has a healthy one
-                    ix.members.add(node.rank)
-                    ix.maxf = max(ix.maxf, len(node.by_class[klass]))
-                    self._reindex(ix, node, klass)
+                ix.members.add(rank)
+                ix.maxf = max(ix.maxf, healthy)
+                if rank in self._states or rank in self._uses:
+                    self._reindex(ix, self.node(rank), klass)
+                else:                           # nothing on it yet: whole, every one free
+                    ix.put(rank, view.fabric, (True, healthy))
         return ix
 
     # -- weights ---------------------------------------------------------------------------
@@ -305,8 +327,15 @@ class Capacity:
         return self._holders.get(source, (frozenset(), frozenset()))
 
     def holds(self, node: NodeState, source: str) -> bool:
+        return self.rank_holds(node.rank, source)
+
+    def rank_holds(self, rank: int, source: str) -> bool:
+        """The node of this rank holds ``source`` (its own copy, or its fabric's filer)."""
         local, fabrics = self.holders(source)
-        return node.rank in local or (node.fabric is not None and node.fabric in fabrics)
+        if rank in local:
+            return True
+        fabric = self.views[self.names[rank]].fabric
+        return fabric is not None and fabric in fabrics
 
     # -- single-node placement -------------------------------------------------------------
 
@@ -404,6 +433,20 @@ class Capacity:
         """The first node of a fabric (among ``only``, when given), in bucket order, where
         the request fits."""
         buckets = ix.buckets.get(group, {})
+        if only is not None:
+            # Few nodes hold the weights: order them by bucket (the walk's order) instead of
+            found = []
+            for rank in only:
+                pos = ix.pos.get(rank)
+                if pos is not None and pos[0] == group and rank not in exclude \
+                        and req.gpus <= pos[1][1] <= ix.maxf:
+                    found.append((pos[1], rank))
+            for _, rank in sorted(found):      # walking thousands of nodes for them
+                node = self.node(rank)
+                fit = self._fit(node, req)
+                if fit is not None:
+                    return node, fit
+            return None
         for whole in (False, True):
             for free in range(req.gpus, ix.maxf + 1):
                 for rank in buckets.get((whole, free), ()):
@@ -434,9 +477,13 @@ class Capacity:
         for fabric, ranks in self.whole_nodes(req.klass, req.engine, req.gpus).items():
             if fabric is None or len(ranks) < req.nodes:
                 continue
-            chosen = sorted(ranks, key=lambda r: (not self.holds(self.node(r), req.source),
-                                                  r))[: req.nodes]
-            holders = sum(self.holds(self.node(r), req.source) for r in chosen)
+            local, fabrics = self.holders(req.source)
+            if fabric in fabrics:               # the fabric's filer: every node holds it
+                chosen = ranks[: req.nodes]
+            else:                               # holders first, then by rank
+                mine = [r for r in ranks if r in local]
+                chosen = (mine + [r for r in ranks if r not in local])[: req.nodes]
+            holders = sum(self.rank_holds(r, req.source) for r in chosen)
             spread = in_fabric.get(fabric, 0) if req.spread else 0
             key = (-holders, spread, len(ranks) - req.nodes, fabric)
             nodes = [self.node(r) for r in chosen]
