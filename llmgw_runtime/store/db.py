@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import ConfigError
+from .changes import raise_floor
 from .failover import (
     WATCHDOG,
     NotAcknowledged,
@@ -38,7 +39,7 @@ from .failover import (
     unreplicated_notice,
     wait_s,
 )
-from .schema import generations
+from .schema import changes, generations
 
 log = logging.getLogger(__name__)
 
@@ -149,23 +150,57 @@ def bounded(raw: Any) -> Iterator[None]:
 
 
 CHANGED = "llmgw.fleet_changed"
+ALL = ("all", "")                 # a change log entry: anything may have changed
 
 
-def fleet_changed(conn: Connection) -> None:
+def fleet_changed(conn: Connection, *, nodes: Iterable[str] = (), models: Iterable[str] = (),
+                  replicas: Iterable[str] = (), telemetry: Iterable[str] = ()) -> None:
     """Note that this transaction changes what a node should run or what is stored of a
-    node beyond its last report: the "fleet" generation moves when it commits, so every
-    control process stops answering reports from what it cached (control/reports.py)."""
-    conn.info[CHANGED] = True
+    node beyond its last report, and what: the nodes, models and replicas (a replica with
+    the nodes it lives on) it writes, and ``telemetry``, nodes whose device readings only
+    it writes. When it commits, the "fleet" generation moves and one change log entry per
+    key is written with it (:func:`bump`); no key at all means anything may have changed
+    (kind ``all``). Control processes forget what they cached of exactly those
+    (control/reports.py) and the reconciler re-reads them (store/changes.py)."""
+    keys: set[tuple[str, str]] = conn.info.setdefault(CHANGED, set())
+    before = len(keys)
+    for kind, names in (("node", nodes), ("model", models), ("replica", replicas),
+                        ("telemetry", telemetry)):
+        keys.update((kind, str(name)) for name in names)
+    if len(keys) == before:
+        keys.add(ALL)
 
 
-def bump(conn: Connection) -> None:
-    """Move the "fleet" generation: the last write of the transaction, so its row lock is
-    held only while committing (no lock-order cycle with any other row)."""
+def _clock(conn: Connection) -> Any:
+    """The store's clock (Unix seconds) as an SQL expression."""
+    if conn.dialect.name == "sqlite":
+        return sa.literal_column("(julianday('now') - 2440587.5) * 86400.0")
+    return sa.literal_column("extract(epoch from clock_timestamp())")
+
+
+def bump(conn: Connection, changed: Iterable[tuple[str, str]] | None = None) -> int:
+    """Move the "fleet" generation and write the change log entries of ``changed``
+    ((kind, key) pairs) under the new generation, which is returned. None (a store moved
+    or restored as a whole): no entry, the log's floor is raised to the new generation
+    instead, so every reader re-reads everything.
+
+    The last writes of the transaction: the generation's row lock (the UPDATE) is held
+    only while committing, so there is no lock-order cycle with any other row, and it
+    serialises committing writers, so the generations entries carry are in commit order: a
+    reader that sees generation G committed finds every entry up to G."""
     row = generations.c
-    done = conn.execute(generations.update().where(row.name == "fleet")
-                        .values(value=row.value + 1))
-    if done.rowcount == 0:
+    value = conn.execute(generations.update().where(row.name == "fleet")
+                         .values(value=row.value + 1).returning(row.value)).scalar()
+    if value is None:
         conn.execute(generations.insert().values(name="fleet", value=1))
+        value = 1
+    if changed is None:
+        raise_floor(conn, int(value))
+        return int(value)
+    conn.execute(changes.insert().values(at=_clock(conn)),
+                 [{"seq": value, "kind": kind, "key": key[:255]}
+                  for kind, key in sorted(set(changed))])
+    return int(value)
 
 
 def generation() -> Any:
@@ -215,7 +250,7 @@ class Store:
                     yield conn
                     moved = conn.info.pop(CHANGED, None)
                     if moved:
-                        bump(conn)
+                        bump(conn, moved)
                     if self.dialect == "postgresql":
                         self._commit(conn, trans)
             if moved:

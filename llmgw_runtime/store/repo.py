@@ -4,14 +4,12 @@ store/leases.py's (named here too, as every caller knows them)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..api.agent import Report
 from ..api.catalog import ModelSpec
 from .db import fleet_changed, generation
 from .leases import holds_lease as holds_lease
@@ -19,6 +17,12 @@ from .leases import lease_holder as lease_holder
 from .leases import release_lease as release_lease
 from .leases import try_lease as try_lease
 from .models import row_to_spec, spec_to_row
+from .noderows import devices_of as devices_of
+from .noderows import homes as homes
+from .noderows import inventory_of as inventory_of
+from .noderows import record_heartbeats as record_heartbeats
+from .noderows import record_report as record_report
+from .noderows import replicas_using_node as replicas_using_node
 from .schema import events, models, nodes, replica_parts, replicas
 
 # ---------------------------------------------------------------- models
@@ -89,7 +93,7 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
                 delete_model(conn, name, now)
                 result["deleted"].append(name)
     if result["created"] or result["updated"] or result["deleted"]:
-        fleet_changed(conn)
+        fleet_changed(conn, models=result["created"] + result["updated"] + result["deleted"])
     return result
 
 
@@ -126,14 +130,15 @@ def delete_model(conn: Connection, name: str, now: float | None = None) -> bool:
         wanted = conn.execute(sa.select(replicas.c.id).where(
             replicas.c.model == name, replicas.c.desired == 1).limit(1)).first()
         if wanted is not None:
-            fleet_changed(conn)
+            fleet_changed(conn, models=(name,))
             return conn.execute(models.update().where(
                 models.c.name == name, models.c.deleted_at.is_(None))
                 .values(deleted_at=now, updated=now)).rowcount > 0
         if get_model(conn, name) is None:
             return False
-    fleet_changed(conn)
     ids = sa.select(replicas.c.id).where(replicas.c.model == name)
+    gone = [r[0] for r in conn.execute(ids)]
+    fleet_changed(conn, models=(name,), replicas=gone, nodes=homes(conn, gone))
     conn.execute(replica_parts.delete().where(replica_parts.c.replica_id.in_(ids)))
     conn.execute(replicas.delete().where(replicas.c.model == name))
     return conn.execute(models.delete().where(models.c.name == name)).rowcount > 0
@@ -165,7 +170,7 @@ LAUNCH_FIELDS = frozenset({"source", "engine", "profile", "args", "sha256", "siz
 
 def update_model(conn: Connection, name: str, **values: Any) -> None:
     if LAUNCH_FIELDS.intersection(values):
-        fleet_changed(conn)
+        fleet_changed(conn, models=(name,))
     conn.execute(models.update().where(models.c.name == name).values(**values))
 
 
@@ -184,6 +189,7 @@ def node_to_dict(row: Any) -> dict[str, Any]:
 def set_node_drain(conn: Connection, name: str, cordoned: bool,
                    drain: dict[str, Any] | None) -> bool:
     """A node's cordon and drain (JSON, control/drain.py); whether the node exists."""
+    fleet_changed(conn, nodes=(name,))
     return conn.execute(nodes.update().where(nodes.c.name == name).values(
         cordoned=int(cordoned),
         drain=json.dumps(drain, sort_keys=True) if drain is not None else None)).rowcount > 0
@@ -202,7 +208,7 @@ def set_node_credential(conn: Connection, name: str, credential_hash: str, now: 
     the report path are keyed by credential: the fleet generation moves)."""
     row = get_node(conn, name)
     if row is not None and row.credential_hash is not None:
-        fleet_changed(conn)
+        fleet_changed(conn, nodes=(name,))
     if row is None:
         conn.execute(nodes.insert().values(name=name, credential_hash=credential_hash,
                                            devices="[]", engines="[]", weights="{}",
@@ -233,71 +239,6 @@ def fleet_generation(conn: Connection) -> int | None:
     """The fleet generation (None before revision 0007)."""
     value = conn.execute(sa.select(generation())).scalar()
     return int(value) if value is not None else None
-
-
-def _json(value: Any) -> Any:
-    """A message (or a list of them) as JSON values, every field given."""
-    if isinstance(value, list):
-        return [_json(v) for v in value]
-    return value.model_dump(mode="json", by_alias=True)
-
-
-def devices_of(report: Report) -> str:
-    """The report's devices as the ``devices`` column holds them (JSON)."""
-    return json.dumps(_json(report.devices))
-
-
-def inventory_of(report: Report) -> tuple[dict[str, str], str]:
-    """The slow-changing columns of a report as stored, and their digest."""
-    slow = {"fabric": report.fabric or "",
-            "agent_version": report.agent_version or "",
-            "engines": json.dumps(report.engines),
-            "weights": json.dumps(_json(report.weights)),
-            "hardware": json.dumps({"source": report.device_source,
-                                    "driver_version": report.driver_version,
-                                    "cards": _json(report.cards),
-                                    "problems": report.device_problems})}
-    digest = hashlib.sha256("\0".join(slow.values()).encode()).hexdigest()
-    return slow, digest
-
-
-def record_report(conn: Connection, name: str, report: Report, now: float,
-                  problem: str | None = None, alive: bool = True,
-                  before: Any | None = None) -> str:
-    """Store a parsed report; ``problem`` says what of it was not used (its address is
-    then not stored). An agent's last report (``alive``
-    false) leaves the node not heard from, so it is not capacity from now on.
-
-    ``before`` is the node as stored (``node_by_credential``): engines, weights and
-    hardware are written only when they changed (devices always are: they carry the memory
-    in use). A new address moves the fleet generation (it is in peers' assignments), except
-    on the node's first report (nothing runs there yet). Returns the inventory digest."""
-    slow, digest = inventory_of(report)
-    values: dict[str, Any] = {
-        "address": report.address if problem is None else None, "problem": problem,
-        "last_report": now if alive else None, "devices": devices_of(report)}
-    if before is None or digest != before.inventory:
-        values.update(slow, inventory=digest, fabric=report.fabric,
-                      agent_version=report.agent_version)
-    if before is None or (before.inventory is not None
-                          and before.address != values["address"]):
-        fleet_changed(conn)
-    conn.execute(nodes.update().where(nodes.c.name == name).values(**values))
-    return digest
-
-
-_HEARTBEAT = nodes.update().where(
-    nodes.c.name == sa.bindparam("node"), nodes.c.last_report.is_not(None),
-    nodes.c.last_report < sa.bindparam("at")).values(
-    last_report=sa.bindparam("at"), devices=sa.bindparam("devices"))
-
-
-def record_heartbeats(conn: Connection, rows: list[tuple[str, float, str]]) -> list[str]:
-    """Refresh nodes' last report time and devices (node, time, devices JSON): never
-    backwards, and never for a node whose agent said it stopped (NULL last report).
-    Returns the nodes not refreshed (their stored state moved on meanwhile)."""
-    return [n for n, at, d in rows
-            if conn.execute(_HEARTBEAT, {"node": n, "at": at, "devices": d}).rowcount != 1]
 
 
 def model_sources(conn: Connection) -> list[str]:
@@ -360,7 +301,7 @@ def add_replica(conn: Connection, replica_id: str, model: str, node: str,
                 launch: str | None = None) -> None:
     """A new pending replica; ``parts`` are its worker parts as (rank, node, devices);
     ``definition_hash`` and ``launch`` (JSON) the model definition it runs."""
-    fleet_changed(conn)
+    fleet_changed(conn, replicas=(replica_id,), nodes={node, *(p[1] for p in parts)})
     conn.execute(replicas.insert().values(
         id=replica_id, model=model, node=node, devices=json.dumps(list(devices)),
         state="pending", desired=1, started=now, updated=now, rendezvous_port=rendezvous_port,
@@ -398,7 +339,7 @@ def parts_on_node(conn: Connection, node: str) -> list[Any]:
 
 
 def update_part(conn: Connection, replica_id: str, rank: int, **values: Any) -> None:
-    fleet_changed(conn)
+    fleet_changed(conn, replicas=(replica_id,), nodes=homes(conn, [replica_id]))
     conn.execute(replica_parts.update().where(replica_parts.c.replica_id == replica_id)
                  .where(replica_parts.c.rank == rank).values(**values))
 
@@ -420,12 +361,12 @@ def update_replica(conn: Connection, replica_id: str, **values: Any) -> None:
     changes what the report path caches (agent_api.py), so the transaction moves the
     assignments generation."""
     if set(values) - {"last_used", "in_flight"}:
-        fleet_changed(conn)
+        fleet_changed(conn, replicas=(replica_id,), nodes=homes(conn, [replica_id]))
     conn.execute(replicas.update().where(replicas.c.id == replica_id).values(**values))
 
 
 def delete_replica(conn: Connection, replica_id: str) -> None:
-    fleet_changed(conn)
+    fleet_changed(conn, replicas=(replica_id,), nodes=homes(conn, [replica_id]))
     conn.execute(replica_parts.delete().where(replica_parts.c.replica_id == replica_id))
     conn.execute(replicas.delete().where(replicas.c.id == replica_id))
 
@@ -450,18 +391,9 @@ def list_events(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
 def reset_node_credential(conn: Connection, name: str) -> bool:
     """Forget the node's credential (NULL), so its host can join again with the join token
     and nothing holding the old credential can report; whether the node exists."""
-    fleet_changed(conn)
+    fleet_changed(conn, nodes=(name,))
     return conn.execute(nodes.update().where(nodes.c.name == name)
                         .values(credential_hash=None)).rowcount > 0
-
-
-def replicas_using_node(conn: Connection, name: str) -> list[Any]:
-    """Replicas headed on ``name`` or with a worker part on it, by model and start."""
-    with_part = sa.select(replica_parts.c.replica_id).where(replica_parts.c.node == name)
-    return list(conn.execute(
-        sa.select(replicas)
-        .where(sa.or_(replicas.c.node == name, replicas.c.id.in_(with_part)))
-        .order_by(replicas.c.model, replicas.c.started)))
 
 
 def delete_node(conn: Connection, name: str) -> list[Any] | None:
@@ -470,7 +402,7 @@ def delete_node(conn: Connection, name: str) -> list[Any] | None:
     Returns the replicas deleted, or None when there is no such node."""
     if get_node(conn, name) is None:
         return None
-    fleet_changed(conn)
+    fleet_changed(conn, nodes=(name,))
     gone = replicas_using_node(conn, name)
     for rep in gone:
         delete_replica(conn, rep.id)
@@ -485,7 +417,7 @@ def mark_unreachable(conn: Connection, replica_id: str, now: float, error: str) 
     row = get_replica(conn, replica_id)
     if row is None:
         return None
-    fleet_changed(conn)
+    fleet_changed(conn, replicas=(replica_id,), nodes=homes(conn, [replica_id]))
     done = conn.execute(
         replicas.update()
         .where(replicas.c.id == replica_id, replicas.c.state == "ready",

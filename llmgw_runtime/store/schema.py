@@ -259,6 +259,20 @@ generations = Table(
     Column("value", BigInteger, nullable=False),
 )
 
+# The fleet's change log (revision 0019, store/changes.py): what each committed write that
+# moved the "fleet" generation changed, one row per thing (``kind``: node, telemetry (a
+# node's device readings only), model, replica, or all), ``seq`` the generation it moved
+# to, ``at`` the store's clock. Pruned by the reconciler's leader; ``generations`` row
+# "changes_floor" is the newest generation whose entries may be gone.
+changes = Table(
+    "changes", metadata,
+    Column("seq", BigInteger, nullable=False),
+    Column("kind", String(20), nullable=False),
+    Column("key", String(255), nullable=False),
+    Column("at", Float, nullable=False),
+    Index("ix_changes_seq", "seq"),
+)
+
 # Web console logins (revision 0005). The cookie carries a random session id; only its
 # SHA-256 is stored, so a copy of the store lets nobody in. ``csrf`` is the token every
 # console form must send back.

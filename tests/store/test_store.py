@@ -15,8 +15,8 @@ CAT = """models:
 
 
 def test_migrate_is_repeatable(store: Store) -> None:
-    assert store.migrate() == "0018"
-    assert store.migrate() == "0018"
+    assert store.migrate() == "0019"
+    assert store.migrate() == "0019"
 
 
 def test_apply_creates_updates_and_reports_unchanged(store: Store) -> None:
@@ -88,7 +88,7 @@ def test_a_multi_host_url_finds_the_writable_server(postgres) -> None:  # type: 
         "?target_session_attrs=read-write"
     store = Store(multi)
     try:
-        assert store.migrate() == "0018"
+        assert store.migrate() == "0019"
         with store.begin() as conn:
             repo.add_event(conn, 1.0, "test", "s", "written through a multi-host URL")
             assert repo.list_events(conn)[0]["message"].startswith("written")

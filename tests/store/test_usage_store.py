@@ -92,7 +92,7 @@ def test_usage_stored_before_0018_reads_no_refusals_and_counts_them_after(
                 "requests, prompt_tokens, completion_tokens) VALUES "
                 f"({str(usage.bucket_of(NOW)) + ', ' if table == 'usage' else ''}"
                 "'a', 'm', 1, 2, 3)"))
-    assert store.migrate() == "0018"
+    assert store.migrate() == "0019"
     with store.begin() as conn:
         assert usage.totals(conn) == [Used("a", "m", 1, 2, 3, 0)]
         usage.add_usage(conn, usage.bucket_of(NOW), [Used("a", "m", 0, 0, 0, 2)])

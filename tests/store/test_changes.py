@@ -1,0 +1,138 @@
+"""The fleet's change log (store/changes.py), on SQLite and PostgreSQL: each write names
+what it changed, concurrent committers never lose an entry for a reader, and a reader the
+pruned log no longer reaches re-reads everything."""
+
+from __future__ import annotations
+
+import threading
+
+from llmgw_runtime.api.agent import Report
+from llmgw_runtime.api.catalog import ModelSpec
+from llmgw_runtime.store import Store, changes, repo
+from llmgw_runtime.store.db import fleet_changed
+
+SPEC = ModelSpec.model_validate({"name": "tiny", "source": "file:///m/tiny.gguf",
+                                 "engine": "llama.cpp", "profile": {"class": "cpu"}})
+
+
+def generation(store: Store) -> int:
+    with store.begin() as conn:
+        return changes.since(conn, None).generation
+
+
+def since(store: Store, last: int | None) -> changes.Changed:
+    with store.begin() as conn:
+        return changes.since(conn, last)
+
+
+def test_each_write_names_the_nodes_models_and_replicas_it_changed(store: Store) -> None:
+    with store.begin() as conn:
+        now = store.now(conn)
+        for name in ("n1", "n2", "n3"):
+            repo.set_node_credential(conn, name, name * 16, now)
+            repo.record_report(conn, name, Report(node=name, address="10.0.0.1"), now)
+    last = generation(store)
+    with store.begin() as conn:
+        repo.apply_catalog(conn, [SPEC], now)
+    got = since(store, last)
+    assert (got.models, got.nodes, got.replicas, got.everything) == (
+        {"tiny"}, frozenset(), frozenset(), False)
+
+    last = got.generation
+    with store.begin() as conn:         # a replica headed on n1 with a worker part on n2
+        repo.add_replica(conn, "r1", "tiny", "n1", (0,), now, parts=((1, "n2", (0,)),))
+    got = since(store, last)
+    assert got.replicas == {"r1"} and got.nodes == {"n1", "n2"} and not got.models
+
+    last = got.generation
+    with store.begin() as conn:         # the part's state: the replica and all its nodes
+        repo.update_part(conn, "r1", 1, state="ready")
+    assert since(store, last).nodes == {"n1", "n2"}
+
+    last = generation(store)
+    with store.begin() as conn:         # deleted: its nodes were looked up before
+        repo.delete_replica(conn, "r1")
+    got = since(store, last)
+    assert got.replicas == {"r1"} and got.nodes == {"n1", "n2"}
+
+    last = got.generation
+    with store.begin() as conn:         # a steady report's devices: telemetry only
+        before = repo.node_by_credential(conn, "n3" * 16)
+        repo.record_report(conn, "n3", Report(node="n3", address="10.0.0.1"), now + 1,
+                           before=before)
+        repo.set_node_drain(conn, "n1", True, {"since": now})
+    got = since(store, last)
+    assert got.nodes == {"n1", "n3"} and got.telemetry_only == {"n3"}
+
+    last = got.generation
+    with store.begin() as conn:         # device readings and a reset in one transaction
+        fleet_changed(conn, telemetry=("n2",))
+        repo.reset_node_credential(conn, "n2")
+    got = since(store, last)
+    assert got.nodes == {"n2"} and got.telemetry_only == frozenset()
+    assert since(store, got.generation).nothing
+
+
+def test_a_write_that_names_nothing_means_everything(store: Store) -> None:
+    last = generation(store)
+    with store.begin() as conn:
+        fleet_changed(conn)
+    got = since(store, last)
+    assert got.everything and got.generation == last + 1
+    assert since(store, None).everything             # a reader that never read
+
+
+def test_concurrent_committers_never_lose_an_entry_for_a_reader(store: Store) -> None:
+    """Writers commit while a reader follows the log from generation to generation: every
+    entry written is seen once the writers are done, none skipped between two reads."""
+    last = generation(store)
+    writers, commits = 4, 15
+    done = threading.Event()
+    seen: set[str] = set()
+    everything: list[bool] = []
+
+    def write(w: int) -> None:
+        for k in range(commits):
+            with store.begin() as conn:
+                fleet_changed(conn, nodes=(f"w{w}-{k}",), replicas=(f"r{w}-{k}",))
+
+    def read() -> None:
+        nonlocal last
+        while True:
+            finished = done.is_set()
+            got = since(store, last)
+            everything.append(got.everything)
+            seen.update(got.nodes)
+            last = got.generation
+            if finished:
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    reader.join()
+    assert not any(everything)
+    assert seen == {f"w{w}-{k}" for w in range(writers) for k in range(commits)}
+    assert last == generation(store)
+
+
+def test_a_reader_the_pruned_log_no_longer_reaches_rereads_everything(store: Store) -> None:
+    old = generation(store)
+    with store.begin() as conn:
+        fleet_changed(conn, nodes=("a",))
+    recent = generation(store)
+    with store.begin() as conn:
+        now = store.now(conn)
+        assert changes.prune(conn, now, keep_s=3600) == 0     # nothing that old
+        assert changes.prune(conn, now + 10, keep_s=1) >= 1   # gone
+    assert since(store, old).everything                       # its entries went
+    assert not since(store, recent).everything                # saw them before they went
+    with store.begin() as conn:
+        fleet_changed(conn, models=("m",))
+    got = since(store, recent)
+    assert not got.everything and got.models == {"m"}
