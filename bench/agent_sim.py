@@ -1,24 +1,57 @@
-"""Simulated node agents for the control-service benchmark: each joins, then reports on a
-fixed schedule over its own keep-alive connection (gevent raw sockets, ``loadgen.Conn``),
-with eight fake A100 devices and the replicas it was assigned reported as ready.
+"""Simulated node agents for the control-service benchmark, in a process of their own.
+
+    .venv/bin/python bench/agent_sim.py      # driven over stdin/stdout by control_bench.py
+
+Each agent joins, then reports on a fixed schedule over its own keep-alive connection
+(gevent raw sockets, ``loadgen.Conn``) to one of the control hosts (agent ``i`` to host
+``i % hosts``), with eight fake A100 devices and the replicas it was assigned reported as
+ready. With ``reports: heartbeat`` it speaks the heartbeat protocol as the real agent does
+(api/agent.py ``Heartbeat``): a full report first, whenever anything but its replicas'
+states and its devices' readings changed, when answered ``full_report``, and at least every
+``FULL_REPORT_EVERY_S`` (the first of these at a random point of that span, so a short run
+sees the steady share of them); a heartbeat otherwise, carrying its replicas and devices
+only when they changed. With ``reports: full`` every report is a full report.
 
 Open loop: agent ``i`` of ``n`` sends at ``t0 + i/n * period + k * period``; latency is
 measured from that scheduled time, so time spent queued behind a slow server counts.
-Import it only in a gevent-patched process."""
+
+The protocol: one JSON object per line on stdin, one answer per line on stdout (every
+answer has ``ok``). Commands: ``init`` (hosts, join_token, period, reports, shared_weights,
+seed), ``join`` (total), ``grow`` (total, rate: new agents started per second at most),
+``period`` (seconds: every agent moves to it), ``churn`` (per_min: the share of nodes that
+change per minute, 0 stops), ``window`` (start, end: perf_counter times, the same clock in
+every process on Linux), ``stop``. The benchmark counts this process's CPU on its own."""
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import dataclass, field
-from typing import Any
+if __name__ == "__main__":
+    from gevent import monkey
 
-import gevent
-import loadgen
+    monkey.patch_all()
+
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from array import array  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import gevent  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+import loadgen  # noqa: E402
+
+from llmgw_runtime.api.agent import FULL_REPORT_EVERY_S  # noqa: E402
 
 CLASS = "a100-80g"
 GPUS = 8
 REPORT = "/api/v1/agent/report"
+HEARTBEAT = "/api/v1/agent/heartbeat"
+KINDS = ("full", "heartbeat", "heartbeat+full")   # what one sample sent
 
 
 def request(host: str, port: int, method: str, path: str, body: bytes, token: str,
@@ -50,94 +83,199 @@ def fake_cards(index: int) -> list[dict[str, Any]]:
             for i in range(GPUS)]
 
 
-@dataclass
-class Sample:
-    sched: float                  # scheduled send time (perf_counter)
-    latency: float | None         # seconds from the scheduled time to the whole answer
-    error: str | None = None
+def node_name(index: int) -> str:
+    return f"node-{index:05d}"
 
 
-@dataclass
 class Record:
-    samples: list[Sample] = field(default_factory=list)
-    reconnects: int = 0
+    """Every answered or failed send: compact arrays, appended when the send ends."""
+
+    def __init__(self) -> None:
+        self.sched = array("d")           # scheduled send time (perf_counter)
+        self.latency = array("d")         # seconds to the whole answer; NaN: failed
+        self.kind = array("b")            # index into KINDS
+        self.host = array("b")
+        self.errors: dict[int, str] = {}  # sample index -> what failed
+        self.reconnects = 0
+        self.marks: list[tuple[float, int]] = []   # (time, samples so far), every second
+
+    def add(self, sched: float, latency: float | None, kind: int, host: int,
+            error: str | None = None) -> None:
+        if error is not None:
+            self.errors[len(self.sched)] = error
+        self.sched.append(sched)
+        self.latency.append(math.nan if latency is None else latency)
+        self.kind.append(kind)
+        self.host.append(host)
+
+    def first_index(self, start: float) -> int:
+        """A sample scheduled at or after ``start`` ends after it: none comes before the
+        count marked at or before ``start``."""
+        found = 0
+        for at, count in self.marks:
+            if at > start:
+                break
+            found = count
+        return found
 
 
 class SimAgent:
-    def __init__(self, host: str, port: int, index: int, credential: str,
-                 shared_weights: bool = False) -> None:
-        self.host, self.port, self.index = host, port, index
-        self.shared_weights = shared_weights
+    def __init__(self, fleet: Fleet, index: int, credential: str) -> None:
+        self.fleet, self.index = fleet, index
+        self.host_index = index % len(fleet.hosts)
+        self.host, self.port = fleet.hosts[self.host_index]
         self.name = node_name(index)
         self.credential = credential
         self.devices = fake_devices(index)
         self.cards = fake_cards(index)
         self.assigned: dict[str, dict[str, Any]] = {}    # replica id -> assignment
         self.ports: dict[str, int] = {}
+        self.pids: dict[str, int] = {}
+        self.restarting: dict[str, int] = {}            # replica id -> reports as starting
         self.sources: list[str] = []                    # the catalog's, from the answers
         self.sources_hash = ""
         self.conn: loadgen.Conn | None = None
         self.inflight: float | None = None              # scheduled time of the open request
-        self._request: bytes | None = None
-        self._last_answer = b""
+        self._body: dict[str, Any] | None = None
+        self._full: bytes | None = None                 # the full report's request bytes
+        self._full_raw = b""                            # and its JSON body
+        self._last_answer = b""                         # the last report answer's bytes
+        self._last_beat_answer = b""
+        # the heartbeat protocol's state
+        self.digest: str | None = None                  # of the last full report sent
+        self.sent_static: str | None = None             # its parts besides replicas/devices
+        self.sent_replicas: Any = None
+        self.sent_devices: Any = None
+        self.full_due = 0.0
+        self._beat: bytes | None = None
+
+    # ---------------------------------------------------------------- what it says
+
+    def changed(self) -> None:
+        self._body = self._full = self._beat = None
 
     def body(self) -> dict[str, Any]:
+        if self._body is not None:
+            return self._body
         devices = [dict(d) for d in self.devices]
         replicas = []
         for rid, a in self.assigned.items():
             port = self.ports.setdefault(rid, 20000 + len(self.ports))
-            pid = 100000 + port
+            pid = self.pids.setdefault(rid, 100000 + port)
             for dev_id in a.get("devices", []):
                 if 0 <= dev_id < GPUS:
                     devices[dev_id].update(memory_used_mb=72000, utilization_pct=35, processes=[
                         {"pid": pid, "name": "python3", "used_memory_mb": 72000,
                          "type": "C"}])
-            replicas.append({"id": rid, "model": a.get("model"), "state": "ready",
+            state = "starting" if self.restarting.get(rid) else "ready"
+            replicas.append({"id": rid, "model": a.get("model"), "state": state,
                              "port": port, "pid": pid, "last_error": None})
-        return {"node": self.name, "address": f"10.{self.index >> 16 & 255}."
-                f"{self.index >> 8 & 255}.{self.index & 255}", "agent_version": "0.1.0",
-                "fabric": "ib-0", "devices": devices, "device_problems": [],
-                "device_source": "nvml", "driver_version": "550.54.15", "cards": self.cards,
-                "engines": ["llama.cpp", "vllm"], "replicas": replicas,
-                "weights": self.weights(), "sources_hash": self.sources_hash}
+        self._body = {
+            "node": self.name, "address": f"10.{self.index >> 16 & 255}."
+            f"{self.index >> 8 & 255}.{self.index & 255}", "agent_version": "0.1.0",
+            "fabric": "ib-0", "devices": devices, "device_problems": [],
+            "device_source": "nvml", "driver_version": "550.54.15", "cards": self.cards,
+            "engines": ["llama.cpp", "vllm"], "replicas": replicas, "weights": self.weights(),
+            "sources_hash": self.sources_hash}
+        return self._body
 
     def weights(self) -> dict[str, Any]:
         """What the agent's weights scan finds: on a local disk the weights of the models it
         runs; on shared storage (NFS) every source of the catalog."""
-        shared = self.shared_weights
+        shared = self.fleet.shared_weights
         found = self.sources if shared else [a["source"] for a in self.assigned.values()]
         return {"dirs": [{"path": "/srv/models", "fstype": "nfs4" if shared else "ext4",
                           "shared": shared, "exists": True}],
                 "sources": {src: {"path": "/srv/models/" + src.split("://", 1)[-1],
                                   "shared": shared} for src in found}}
 
-    def request(self) -> bytes:
-        if self._request is None:
-            self._request = loadgen.build_request(
-                self.host, self.port, REPORT, json.dumps(self.body()).encode(), self.credential)
-        return self._request
+    def full_request(self) -> bytes:
+        if self._full is None:
+            raw = json.dumps(self.body()).encode()
+            self._full = loadgen.build_request(self.host, self.port, REPORT, raw,
+                                               self.credential)
+            self._full_raw = raw
+        return self._full
 
-    def absorb(self, answer: bytes) -> None:
+    def _static(self) -> str:
+        body = self.body()
+        return json.dumps({k: v for k, v in body.items() if k not in ("replicas", "devices")})
+
+    def heartbeat_request(self, now: float) -> bytes | None:
+        """The heartbeat to send, or None when a full report is due."""
+        if self.digest is None or now >= self.full_due:
+            return None
+        if self._beat is None:
+            body = self.body()
+            if self._static() != self.sent_static:
+                return None
+            beat: dict[str, Any] = {"node": self.name, "digest": self.digest}
+            if body["replicas"] != self.sent_replicas:
+                beat["replicas"] = body["replicas"]
+            if body["devices"] != self.sent_devices:
+                beat["devices"] = body["devices"]
+            self._beat = loadgen.build_request(self.host, self.port, HEARTBEAT,
+                                               json.dumps(beat).encode(), self.credential)
+        return self._beat
+
+    def sent_full(self, now: float) -> None:
+        body = self.body()
+        first = self.digest is None
+        self.digest = hashlib.sha256(self._full_raw).hexdigest()
+        self.sent_static = self._static()
+        self.sent_replicas, self.sent_devices = body["replicas"], body["devices"]
+        self.full_due = now + (random.uniform(0, FULL_REPORT_EVERY_S) if first
+                               else FULL_REPORT_EVERY_S)
+        self._beat = None
+
+    def sent_beat(self) -> None:
+        body = self.body()
+        if body["replicas"] != self.sent_replicas or body["devices"] != self.sent_devices:
+            self.sent_replicas, self.sent_devices = body["replicas"], body["devices"]
+            self._beat = None
+
+    def absorb(self, data: dict[str, Any]) -> None:
         """Run what the answer assigns (as ready at once); drop what it no longer lists."""
-        if answer == self._last_answer:
-            return
-        self._last_answer = answer
-        data = json.loads(answer)
-        if "sources" in data:
-            self.sources, self.sources_hash = data["sources"], data.get("sources_hash", "")
-            self._request = None
+        if data.get("sources") is not None:
+            if (data["sources"], data.get("sources_hash", "")) != (self.sources,
+                                                                    self.sources_hash):
+                self.sources, self.sources_hash = data["sources"], data.get("sources_hash", "")
+                self.changed()
         assigned = {a["replica_id"]: a for a in data["assignments"]}
         if assigned.keys() != self.assigned.keys():
             self.assigned = assigned
-            self._request = None
+            self.changed()
 
-    def roundtrip(self, record: Record) -> tuple[int, bytes]:
+    # ---------------------------------------------------------------- churn
+
+    def restart_replica(self) -> bool:
+        """An engine restarts: one replica reported starting (a new pid) once, then ready."""
+        if not self.assigned:
+            return False
+        rid = random.choice(sorted(self.assigned))
+        self.pids[rid] = self.pids.get(rid, 100000) + 1
+        self.restarting[rid] = 1
+        self.changed()
+        return True
+
+    def change_device(self) -> None:
+        """New readings of one device (temperature, power, utilization)."""
+        dev = self.devices[random.randrange(GPUS)]
+        dev["temperature_c"] = 30 + random.randrange(40)
+        dev["power_w"] = round(60 + random.random() * 300, 1)
+        dev["utilization_pct"] = random.randrange(101)
+        self.changed()
+
+    # ---------------------------------------------------------------- sending
+
+    def roundtrip(self, request: bytes) -> tuple[int, bytes]:
+        record = self.fleet.record
         for attempt in (0, 1):
             fresh = self.conn is None
             if self.conn is None:
                 self.conn = loadgen.Conn(self.host, self.port)
             try:
-                return self.conn.roundtrip(self.request())
+                return self.conn.roundtrip(request)
             except OSError:
                 self.conn.close()
                 self.conn = None
@@ -146,58 +284,115 @@ class SimAgent:
                 record.reconnects += 1      # a kept-alive connection the server closed
         raise AssertionError("unreachable")
 
-    def run(self, t0: float, period: float, record: Record) -> None:
-        sched = t0
+    def send(self) -> tuple[int, int]:
+        """One report or heartbeat (and the full report a heartbeat's answer asks for),
+        whose answer it then follows; returns the HTTP status and the kind of exchange."""
+        now = time.perf_counter()
+        beat = self.heartbeat_request(now) if self.fleet.heartbeats else None
+        if beat is not None:
+            status, answer = self.roundtrip(beat)
+            if status != 200:
+                return status, 1
+            if answer == self._last_beat_answer:      # the same answer: nothing to do
+                self.sent_beat()
+                return status, 1
+            data = json.loads(answer)
+            if not data.get("full_report"):
+                self._last_beat_answer = answer
+                self.sent_beat()
+                if data.get("answer") is not None:
+                    self.absorb(data["answer"])
+                return status, 1
+            self.digest = None              # the control service does not hold it
+        status, answer = self.roundtrip(self.full_request())
+        if status == 200:
+            self.sent_full(now)
+            if answer != self._last_answer:
+                self._last_answer, self._last_beat_answer = answer, b""
+                self.absorb(json.loads(answer))
+        return status, 0 if beat is None else 2
+
+    def run(self, offset: float) -> None:
+        """Report at ``offset`` of the fleet's period, every period (it may change)."""
+        fleet, record = self.fleet, self.fleet.record
+        sched = fleet.next_time(offset, time.perf_counter())
         try:
             while True:
                 delay = sched - time.perf_counter()
                 if delay > 0:
                     gevent.sleep(delay)
                 self.inflight = sched
+                carried = [rid for rid, left in self.restarting.items() if left]
                 try:
-                    status, answer = self.roundtrip(record)
-                except OSError as exc:
-                    record.samples.append(Sample(sched, None, type(exc).__name__))
+                    status, kind = self.send()
+                except (OSError, ValueError) as exc:
+                    record.add(sched, None, 0, self.host_index, type(exc).__name__)
                 else:
-                    latency = time.perf_counter() - sched
                     if status == 200:
-                        record.samples.append(Sample(sched, latency))
-                        self.absorb(answer)
+                        record.add(sched, time.perf_counter() - sched, kind, self.host_index)
+                        self._done_restart(carried)
                     else:
-                        record.samples.append(Sample(sched, None, f"HTTP {status}"))
+                        record.add(sched, None, kind, self.host_index, f"HTTP {status}")
                 self.inflight = None
-                sched += period
+                sched = fleet.next_time(offset, sched + 1e-6)
         finally:
             if self.conn is not None:
                 self.conn.close()
                 self.conn = None
 
-
-def node_name(index: int) -> str:
-    return f"node-{index:05d}"
+    def _done_restart(self, carried: list[str]) -> None:
+        """The restarted replicas this send said were starting are ready from now on."""
+        for rid in carried:
+            self.restarting.pop(rid, None)
+        if carried:
+            self.changed()
 
 
 class Fleet:
-    """Agents that all join first (on an idle server), then start reporting a step at a
-    time and report until ``stop``; the reporting fleet only grows."""
+    """Agents that all join first, then start reporting a step at a time and report until
+    ``stop``; the reporting fleet only grows."""
 
-    def __init__(self, host: str, port: int, join_token: str, period: float,
-                 shared_weights: bool = False) -> None:
-        self.host, self.port, self.join_token, self.period = host, port, join_token, period
+    def __init__(self, hosts: list[tuple[str, int]], join_token: str, period: float,
+                 reports: str = "heartbeat", shared_weights: bool = False,
+                 seed: int = 1) -> None:
+        self.hosts, self.join_token = hosts, join_token
+        self.period, self.epoch = period, time.perf_counter()
+        self.heartbeats = reports == "heartbeat"
         self.shared_weights = shared_weights
         self.joined: list[SimAgent] = []
         self.agents: list[SimAgent] = []           # the ones reporting
         self.greenlets: list[gevent.Greenlet] = []
         self.record = Record()
+        self.churned = {"replica": 0, "device": 0}
+        self._churn: gevent.Greenlet | None = None
+        random.seed(seed)
+        self._marker = gevent.spawn(self._mark)
+
+    def _mark(self) -> None:
+        while True:
+            self.record.marks.append((time.perf_counter(), len(self.record.sched)))
+            gevent.sleep(1.0)
+
+    def next_time(self, offset: float, after: float) -> float:
+        """The first send time at or after ``after`` of an agent sending at ``offset`` (a
+        fraction) of every period since the epoch."""
+        p = self.period
+        k = math.ceil((after - self.epoch) / p - offset)
+        return self.epoch + (k + offset) * p
+
+    def set_period(self, period: float) -> None:
+        """Every agent moves to ``period`` from its next send on (its phase kept)."""
+        now = time.perf_counter()
+        self.epoch, self.period = now, period
 
     def _join(self, index: int) -> SimAgent:
+        host, port = self.hosts[index % len(self.hosts)]
         body = json.dumps({"node": node_name(index)}).encode()
-        status, answer = request(self.host, self.port, "POST", "/api/v1/agent/join", body,
+        status, answer = request(host, port, "POST", "/api/v1/agent/join", body,
                                  self.join_token)
         if status != 200:
             raise RuntimeError(f"join of {node_name(index)} failed: HTTP {status} {answer!r}")
-        return SimAgent(self.host, self.port, index, json.loads(answer)["credential"],
-                        self.shared_weights)
+        return SimAgent(self, index, json.loads(answer)["credential"])
 
     def join(self, total: int, concurrency: int = 8) -> None:
         """Join agents up to ``total`` (each gets its node credential)."""
@@ -212,48 +407,141 @@ class Fleet:
         gevent.joinall([gevent.spawn(worker) for _ in range(concurrency)], raise_error=True)
         self.joined += [joined[i] for i in sorted(joined)]
 
-    def grow(self, total: int) -> None:
-        """Start agents up to ``total``; the new ones spread evenly over one period, as the
-        running ones are, so the sends stay evenly spread."""
+    def grow(self, total: int, rate: float) -> float:
+        """Start agents up to ``total``, at most ``rate`` new ones a second (their first
+        reports are full ones), spread so that the sends stay evenly spread over the
+        period; returns the seconds until the last one has started."""
         first = len(self.agents)
         self.join(total)
-        now, new = time.perf_counter(), self.joined[first:total]
+        new = self.joined[first:total]
+        if not new:
+            return 0.0
+        periods = max(1, math.ceil(len(new) / rate / self.period))
+        per_period = math.ceil(len(new) / periods)
+        now = time.perf_counter()
+        base = (now - self.epoch) / self.period
         for j, agent in enumerate(new):
             self.agents.append(agent)
-            t0 = now + (j + 0.5) * self.period / len(new)
-            self.greenlets.append(gevent.spawn(agent.run, t0, self.period, self.record))
+            wave, slot = divmod(j, per_period)
+            offset = ((slot + (wave + 0.5) / periods) / per_period) % 1.0
+            start = self.epoch + (math.floor(base) + 1 + wave + offset) * self.period
+            self.greenlets.append(gevent.spawn_later(max(0.0, start - now - 0.05),
+                                                     agent.run, offset))
+        return periods * self.period + self.period
+
+    def churn(self, per_min: float) -> None:
+        """``per_min`` of the reporting nodes change each minute, in turn an engine restart
+        on a node that runs a replica and new readings of one device on any node."""
+        if self._churn is not None:
+            self._churn.kill()
+            self._churn = None
+        if per_min > 0:
+            self._churn = gevent.spawn(self._churning, per_min)
+
+    def _churning(self, per_min: float) -> None:
+        turn = 0
+        while True:
+            gevent.sleep(60.0 / max(1e-9, per_min * len(self.agents)))
+            turn += 1
+            if turn % 2:
+                running = [a for a in self.agents if a.assigned]
+                if running and random.choice(running).restart_replica():
+                    self.churned["replica"] += 1
+                    continue
+            random.choice(self.agents).change_device()
+            self.churned["device"] += 1
 
     def stop(self) -> None:
-        gevent.killall(self.greenlets, block=True, timeout=10)
+        self.churn(0)
+        gevent.killall(self.greenlets + [self._marker], block=True, timeout=10)
         self.greenlets.clear()
 
 
-@dataclass
-class Window:
-    start: float
-    end: float
-    ok: int
-    latencies: list[float]
-    errors: dict[str, int]
-    late: int                      # scheduled in the window, still unanswered at the end
-
-    @property
-    def rate(self) -> float:
-        return self.ok / (self.end - self.start)
-
-    def pct(self, p: float) -> float:
-        xs = sorted(self.latencies)
-        return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
-
-
-def window(fleet: Fleet, start: float, end: float) -> Window:
+def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
+    """What the sends scheduled in [start, end) got."""
+    rec = fleet.record
     lat: list[float] = []
     errors: dict[str, int] = {}
-    for s in fleet.record.samples:
-        if start <= s.sched < end:
-            if s.latency is not None:
-                lat.append(s.latency)
-            else:
-                errors[s.error or "?"] = errors.get(s.error or "?", 0) + 1
+    kinds = [0] * len(KINDS)
+    hosts = [0] * len(fleet.hosts)
+    for i in range(rec.first_index(start), len(rec.sched)):
+        if not start <= rec.sched[i] < end:
+            continue
+        latency = rec.latency[i]
+        kinds[rec.kind[i]] += 1
+        if latency == latency:                     # not NaN: answered
+            lat.append(latency)
+            hosts[rec.host[i]] += 1
+        else:
+            what = rec.errors.get(i, "?")
+            errors[what] = errors.get(what, 0) + 1
+    lat.sort()
     late = sum(1 for a in fleet.agents if a.inflight is not None and start <= a.inflight < end)
-    return Window(start, end, len(lat), lat, errors, late)
+    span = end - start
+
+    def pct(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1000 if lat else math.nan
+
+    return {"ok": True, "answered": len(lat), "rate": len(lat) / span,
+            "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
+            "max_ms": lat[-1] * 1000 if lat else math.nan, "errors": errors, "late": late,
+            "kinds": dict(zip(KINDS, kinds, strict=True)),
+            "host_rates": [n / span for n in hosts], "reconnects": rec.reconnects,
+            "churned": dict(fleet.churned)}
+
+
+def serve(lines: Any, out: Any) -> None:
+    """Answer the benchmark's commands until ``stop`` or the end of stdin."""
+    fleet: Fleet | None = None
+
+    def say(obj: dict[str, Any]) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    for line in lines:
+        cmd = json.loads(line)
+        what = cmd.pop("cmd")
+        started = time.perf_counter()
+        try:
+            if what == "init":
+                fleet = Fleet([tuple(h) for h in cmd["hosts"]], cmd["join_token"],
+                              cmd["period"], cmd.get("reports", "heartbeat"),
+                              cmd.get("shared_weights", False), cmd.get("seed", 1))
+                say({"ok": True})
+            elif fleet is None:
+                say({"ok": False, "error": "init first"})
+            elif what == "join":
+                fleet.join(cmd["total"])
+                say({"ok": True, "took_s": time.perf_counter() - started})
+            elif what == "grow":
+                say({"ok": True, "spread_s": fleet.grow(cmd["total"], cmd["rate"])})
+            elif what == "period":
+                fleet.set_period(cmd["seconds"])
+                say({"ok": True})
+            elif what == "churn":
+                fleet.churn(cmd["per_min"])
+                say({"ok": True})
+            elif what == "window":
+                say(window(fleet, cmd["start"], cmd["end"]))
+            elif what == "stop":
+                fleet.stop()
+                say({"ok": True})
+                return
+            else:
+                say({"ok": False, "error": f"unknown command {what!r}"})
+        except Exception as exc:              # the benchmark prints it and stops
+            say({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    if fleet is not None:
+        fleet.stop()
+
+
+def main() -> int:
+    from gevent.fileobject import FileObjectPosix
+
+    stdin = FileObjectPosix(sys.stdin.fileno(), "r", close=False)
+    serve(stdin, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
