@@ -33,8 +33,8 @@ from ..api.states import ReplicaState
 from ..catalog.scale import active_floor, replica_range
 from ..engines.slots import slots_of
 from ..status.summary import waiting_for_home
-from ..store.models import row_to_spec
 from .capacity import LOAD_WINDOW_S, Load, load_of
+from .states import spec_of
 
 EVENT = "autoscale"
 _AT_MAX = "at-max"
@@ -184,7 +184,7 @@ class Scaled:
 def scaled(row: Any) -> Scaled | None:
     """The scaling of a models row (a row or anything with its fields); None when its
     replicas are fixed."""
-    spec = row_to_spec(row)
+    spec = spec_of(row)
     settings = spec.autoscale
     if settings is None:
         return None
@@ -199,7 +199,7 @@ def scaled(row: Any) -> Scaled | None:
 
 def ready_slots(row: Any, replicas: list[Any]) -> int | None:
     """Slots of the model's ready replicas (None: the engine's slots are unknown)."""
-    per = slots_of(row_to_spec(row))
+    per = slots_of(spec_of(row))
     ready = sum(1 for r in replicas if r.desired and r.state == ReplicaState.READY)
     return None if per is None else per * ready
 
@@ -250,7 +250,7 @@ def view(row: Any, replicas: list[Any], now: float) -> dict[str, Any] | None:
             "up_for_s": _for(state.high_since, now), "down_for_s": _for(state.low_since, now),
             "blocked": state.blocked,
             "note": note(signal, scale.settings, waiting_for_home(
-                load.waiting, load.busy, slots, row_to_spec(row).model_dump()))}
+                load.waiting, load.busy, slots, spec_of(row).model_dump()))}
 
 
 def _for(since: float | None, now: float) -> float | None:

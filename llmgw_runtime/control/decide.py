@@ -19,10 +19,9 @@ from typing import Any
 
 from ..api.states import ReplicaState
 from ..placement import place
-from ..store.models import row_to_spec
 from . import autoscale, drain, rollout, snapshot, steps
 from .drain import SETTLE_S, STALE_S
-from .states import PARK_AFTER, backoff_s, idle_expired
+from .states import PARK_AFTER, backoff_s, idle_expired, spec_of
 
 
 @dataclass(frozen=True)
@@ -271,7 +270,7 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
         if start.model not in launches:
             row = models[start.model]
             launches[start.model] = (row.definition_hash,
-                                     rollout.launch_fields(row_to_spec(row)))
+                                     rollout.launch_fields(spec_of(row)))
         replica_id = settings.new_id()
         changes.starts.append(Start(replica_id, start.model, start.node, tuple(start.devices),
                                     tuple((p.rank, p.node, tuple(p.devices))

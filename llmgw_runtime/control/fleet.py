@@ -113,11 +113,14 @@ def write(conn: Connection, changes: Changes, now: float) -> None:
         repo.add_event(conn, now, kind, subject, message)
 
 
-def reconcile(conn: Connection, now: float, settings: Settings) -> tuple[Changes, Fleet]:
-    """One pass: read, decide, write. Returns the changes (the reconciler logs from them)
-    and the fleet it read, whose node rows the pass does not change (the device clock
-    counts with them instead of reading every node's report again)."""
-    fleet = read(conn)
+def reconcile(conn: Connection, now: float, settings: Settings,
+              view: Any | None = None) -> tuple[Changes, Fleet]:
+    """One pass: read, decide, write. With ``view`` (the leader's fleet in memory,
+    control/incremental.py) only what changed since its last pass is read; else all of it.
+    Returns the changes (the reconciler logs from them) and the fleet it read, whose node
+    rows the pass does not change (the device clock counts with them instead of reading
+    every node's report again)."""
+    fleet = read(conn) if view is None else view.refresh(conn)
     changes = decide(fleet, now, settings)
     write(conn, changes, now)
     return changes, fleet

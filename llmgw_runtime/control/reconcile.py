@@ -3,7 +3,11 @@ to the web workers), so agent reports and the API never wait behind a reconcile 
 
 Every reconciler tries to take the leader lease each cycle; only the holder acts, and every
 write it makes re-checks the lease in the same transaction (fencing), so two instances
-never both act. A pass is the fleet layer's read -> decide -> write (``control/fleet.py``)."""
+never both act. A pass is the fleet layer's read -> decide -> write (``control/fleet.py``),
+the read incremental: the leader keeps the fleet in memory and reads what the store's
+change log names since its last pass (control/incremental.py), everything when it takes the
+lease, after a failed pass and every ``incremental.FULL_EVERY`` passes. The leader prunes
+the change log once a minute, and logs its passes' durations every 10 s."""
 
 from __future__ import annotations
 
@@ -14,20 +18,53 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from types import FrameType
 
 from ..errors import StoreError
-from ..store import Store, repo
+from ..store import Store, changes, repo
 from . import fleet, history
 from .config import ControlConfig
 from .decide import Changes, Settings
 from .gpu_hours import DeviceClock
+from .incremental import View
 from .tracing import passes
 
 log = logging.getLogger(__name__)
 
 LEASE = "reconciler"
+PRUNE_EVERY_S = 60.0        # the change log's old entries go (store/changes.py prune)
+TIMINGS_EVERY_S = 10.0      # a log line of the passes' durations
+
+
+class PassTimes:
+    """The durations of the passes that led, logged every ``TIMINGS_EVERY_S`` as
+    ``reconcile passes last 10s: n=.. full=.. p50_ms=.. p99_ms=.. max_ms=..`` (the
+    benchmarks read this line)."""
+
+    def __init__(self, every_s: float = TIMINGS_EVERY_S) -> None:
+        self.every_s = every_s
+        self.since = time.monotonic()
+        self.times: list[float] = []
+        self.full = 0
+
+    def add(self, seconds: float, full: bool) -> None:
+        self.times.append(seconds)
+        self.full += int(full)
+        now = time.monotonic()
+        if now - self.since >= self.every_s:
+            log.info("%s", self.line())
+            self.since, self.times, self.full = now, [], 0
+
+    def line(self) -> str:
+        ordered = sorted(self.times) or [0.0]
+
+        def at(q: float) -> float:
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+        return (f"reconcile passes last 10s: n={len(self.times)} full={self.full} "
+                f"p50_ms={at(0.5):.1f} p99_ms={at(0.99):.1f} max_ms={ordered[-1] * 1000:.1f}")
 
 
 class Reconciler:
@@ -44,6 +81,9 @@ class Reconciler:
         self.history = history.Recorder(config.history_days, self.settings.node_timeout_s)
         self.device_clock = DeviceClock(config)     # GPU-hours (control/gpu_hours.py)
         self.passes = passes(config)    # a span per pass, with LLMGW_OTEL_ENDPOINT
+        self.view = View()              # the fleet in memory (control/incremental.py)
+        self.times = PassTimes()
+        self._pruned: float | None = None
 
     # ------------------------------------------------------------ one cycle
 
@@ -55,26 +95,36 @@ class Reconciler:
         if leader != self.is_leader:
             log.info("%s %s leadership", self.holder, "took" if leader else "lost")
             self.is_leader = leader
+            self.view.reset()          # another leader may have written anything meanwhile
         if not leader:
             self.device_clock.flush(self.store)     # what it counted while leading
             return False
-        with self.store.begin() as conn:
-            now = self.store.now(conn)
-            if not repo.holds_lease(conn, LEASE, self.holder, now, lock=True):
-                self.is_leader = False
-                return False
-            changes, seen = fleet.reconcile(conn, now, self.settings)
-            self.device_clock.observe(conn, now, seen.nodes.values())
-        self._log_placement(changes, now)
+        started = time.perf_counter()
+        try:
+            with self.store.begin() as conn:
+                now = self.store.now(conn)
+                if not repo.holds_lease(conn, LEASE, self.holder, now, lock=True):
+                    self.is_leader = False
+                    return False
+                decided, seen = fleet.reconcile(conn, now, self.settings, view=self.view)
+                self.device_clock.observe(conn, now, seen.nodes.values())
+                if self._pruned is None or now - self._pruned >= PRUNE_EVERY_S:
+                    changes.prune(conn, now)
+                    self._pruned = now
+        except BaseException:
+            self.view.reset()          # what it read may not be what the store holds
+            raise
+        self.times.add(time.perf_counter() - started, self.view.last_full)
+        self._log_placement(decided, now)
         self.history.tick(self.store, now)
         return True
 
-    def _log_placement(self, changes: Changes, now: float) -> None:
+    def _log_placement(self, decided: Changes, now: float) -> None:
         """Log a model that cannot be placed when its reason changes, else at most every
         ``placement_warning_every_s`` (not every tick: a cluster once logged "no placement"
         250 times)."""
         every_s = self.config.placement_warning_every_s
-        for model, reason in changes.unplaceable.items():
+        for model, reason in decided.unplaceable.items():
             if reason is None:
                 self._warned.pop(model, None)
                 continue

@@ -21,6 +21,7 @@ No I/O and no clock. control/decide.py applies it in a pass, control/rollout_ops
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -66,8 +67,12 @@ def state_text(state: dict[str, Any]) -> str | None:
 def settings_of(row: Any) -> Rollout:
     """The model's ``rollout`` settings (NULL: the defaults)."""
     text = getattr(row, "rollout", None)
-    if not text:
-        return DEFAULTS
+    return _settings(text) if text else DEFAULTS
+
+
+@functools.lru_cache(maxsize=4096)
+def _settings(text: str) -> Rollout:
+    """``rollout`` settings by their JSON (every pass reads every model's; frozen)."""
     try:
         return Rollout.model_validate(json.loads(text), strict=False)
     except ValueError:

@@ -8,9 +8,8 @@ from typing import Any
 
 from ..fleetvocab import held_sources
 from ..placement import DeviceView, ModelView, NodeView, PartView, ReplicaView, Snapshot
-from ..store.models import row_to_spec
 from .drain import cordoned, draining_node, is_draining, replica_nodes
-from .states import in_backoff, wanted_replicas
+from .states import in_backoff, spec_of, wanted_replicas
 
 
 @functools.lru_cache(maxsize=16384)
@@ -39,12 +38,28 @@ def weights_views(weights_json: str) -> tuple[frozenset[str] | None, frozenset[s
     return held_sources(weights)
 
 
+@functools.lru_cache(maxsize=65536)
+def ids(devices_json: str) -> tuple[Any, ...]:
+    """A JSON list (a replica's or a part's placement ids, a node's engines) as a tuple;
+    cached by the text, as the devices above."""
+    return tuple(json.loads(devices_json))
+
+
+@functools.lru_cache(maxsize=32768)
+def _node_view(name: str, devices: str, engines: str, weights: str, last_report: Any,
+               fabric: Any, cordoned_: bool) -> NodeView:
+    local, shared = weights_views(weights)
+    return NodeView(name=name, devices=device_views(devices), engines=ids(engines),
+                    last_report=last_report, fabric=fabric, weights=local,
+                    shared_weights=shared, cordoned=cordoned_)
+
+
 def node_view(row: Any) -> NodeView:
-    local, shared = weights_views(row.weights)
-    return NodeView(name=row.name, devices=device_views(row.devices),
-                    engines=tuple(json.loads(row.engines)), last_report=row.last_report,
-                    fabric=row.fabric, weights=local, shared_weights=shared,
-                    cordoned=cordoned(row))
+    """The planner's view of a node's row; cached by the columns it is made of, since a
+    pass makes one of every node each second and most are as they were (a node whose
+    report time moved is made again)."""
+    return _node_view(row.name, row.devices, row.engines, row.weights, row.last_report,
+                      row.fabric, cordoned(row))
 
 
 def node_views(nodes: list[Any]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
@@ -79,7 +94,7 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
     current = {m.name: getattr(m, "definition_hash", None) for m in models}
     targets = targets or {}
     model_views = tuple(
-        ModelView(spec=row_to_spec(m),
+        ModelView(spec=spec_of(m),
                   wanted=targets.get(m.name, wanted_replicas(m, by_model.get(m.name, []), now)),
                   parked=bool(m.parked),
                   hold_starts=in_backoff(m.consecutive_failures, m.last_failure_at, now,
@@ -87,10 +102,10 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
         for m in models)
     replica_views = tuple(
         ReplicaView(id=r.id, model=r.model, node=r.node,
-                    devices=tuple(json.loads(r.devices)), state=r.state, started=r.started,
+                    devices=ids(r.devices), state=r.state, started=r.started,
                     desired=bool(r.desired),
                     parts=tuple(PartView(rank=p.rank, node=p.node,
-                                         devices=tuple(json.loads(p.devices)))
+                                         devices=ids(p.devices))
                                 for p in parts.get(r.id, [])),
                     counts=not is_draining(r) and not (
                         replica_nodes(r, parts.get(r.id, [])) & leaving),

@@ -89,7 +89,7 @@ class Pass:
         return all(self.heard_node(n) for n in self.nodes_of(rep))
 
     def going(self, rep: Any) -> bool:
-        return bool(self.nodes_of(rep) & self.draining_nodes)
+        return bool(self.draining_nodes) and bool(self.nodes_of(rep) & self.draining_nodes)
 
     def rolls_to(self, model: Any, rep: Any) -> bool:
         """``rep`` is a new replica of a rollout (its model has old ones serving): its
@@ -277,7 +277,8 @@ class Pass:
                 keys, event = ended
                 changes.roll(model, **keys)
                 changes.events.append((rollout.EVENT, name, event))
-        used = set().union(*(self.nodes_of(r) for reps in wanted.values() for r in reps))
+        used = set().union(*(self.nodes_of(r) for reps in wanted.values() for r in reps)) \
+            if self.draining_nodes else set()
         for name in sorted(self.draining_nodes - used):
             changes.nodes_drained.append(name)
             changes.events.append(("node", name, f"node {name} drained: no replica is left "

@@ -1,0 +1,270 @@
+"""The leader's fleet in memory (issue 30): each reconcile pass reads only what changed.
+
+``View.refresh(conn)`` returns the same ``decide.Fleet`` as ``fleet.read(conn)`` would in
+that transaction (the divergence test, tests/control/test_incremental.py, compares them
+after every pass of randomised operations), reading:
+
+- what the store's change log names since the last pass (``store.changes.since``): those
+  nodes, models and replicas (with their worker parts) are read again, deleted ones leave;
+- every row's *volatile* columns, the ones written without a change log entry, in three
+  narrow reads: a node's ``last_report`` (the heartbeat writer's batches; their device
+  readings are logged, kind telemetry) and ``plan_problem`` (the pass's own), a replica's
+  ``last_used`` and ``in_flight`` (the routers' posts), and every column of a model that
+  is not a field of its catalog entry (its fleet state: the routers' load and capacity,
+  activations, failures, rollout state: ``update_model`` and ``merge_rollout_state`` log
+  only launch fields). A row whose volatile columns moved gets them; a key the narrow read
+  finds that the view lacks (a node that joined: no log entry until its first report) is
+  read whole, one the view has that the read lacks is dropped.
+
+Everything is read again on the first pass, after :meth:`View.reset` (the reconciler calls
+it when it takes the lease and when a pass fails), when the log says so
+(``Changed.everything``: a kind 'all' entry, or the log was pruned past the last pass), and
+every ``full_every`` passes (:data:`FULL_EVERY`): the periodic full check, which bounds how
+long anything written outside these rules could go unseen.
+
+Why this equals a full read: the change log's entries carry the generation of the
+transaction that wrote them, in commit order (store/db.py ``bump``), and ``since`` is read
+first, so every row read after it is at least as new as that generation; whatever commits
+meanwhile is named by the next pass's entries and read again then. The pass's own writes
+are logged (replicas, node drains) or volatile columns (models, ``plan_problem``).
+
+Rows are held as ``SimpleNamespace`` objects (decide.py copies what it changes), every
+column but a node's ``credential_hash``; order is ``fleet.read``'s: models and nodes by
+name, replicas by model and start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import SimpleNamespace
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..store import changes, repo
+from ..store.models import SPEC_COLUMNS
+from ..store.schema import models as models_table
+from ..store.schema import nodes as nodes_table
+from ..store.schema import replica_parts
+from ..store.schema import replicas as replicas_table
+from .decide import Fleet
+
+FULL_EVERY = 60        # passes between full reads (about a minute at the default interval)
+CHUNK = 500            # keys per IN (...) read (SQLite's older builds allow 999)
+
+NODE_VOLATILE = ("last_report", "plan_problem")
+REPLICA_VOLATILE = ("last_used", "in_flight")
+MODEL_VOLATILE = tuple(c.name for c in models_table.c
+                       if c.name != "name" and c.name not in SPEC_COLUMNS)
+
+
+def record(row: Any) -> SimpleNamespace:
+    """A row as the view holds it (an attribute each column, as a store row has)."""
+    return SimpleNamespace(**row._mapping)
+
+
+def node_record(row: Any) -> SimpleNamespace:
+    """A node's row as the view holds it: without its credential's hash (a join after a
+    credential reset writes it with no change log entry; no rule reads it)."""
+    out = SimpleNamespace(**row._mapping)
+    del out.credential_hash
+    return out
+
+
+def _replica_query() -> Any:
+    """``repo.list_replicas``'s read: each row with its model's current definition."""
+    return (sa.select(replicas_table, models_table.c.definition_hash.label("model_hash"))
+            .select_from(replicas_table.outerjoin(
+                models_table, models_table.c.name == replicas_table.c.model)))
+
+
+def _chunks(keys: Iterable[str]) -> Iterable[list[str]]:
+    ordered = sorted(keys)
+    for i in range(0, len(ordered), CHUNK):
+        yield ordered[i:i + CHUNK]
+
+
+def _patched(row: SimpleNamespace, values: dict[str, Any]) -> SimpleNamespace:
+    return SimpleNamespace(**{**vars(row), **values})
+
+
+class View:
+    """The fleet as the leader last read it, and the change log generation it is at."""
+
+    def __init__(self, full_every: int = FULL_EVERY) -> None:
+        self.full_every = full_every
+        self.generation: int | None = None
+        self.models: dict[str, SimpleNamespace] = {}
+        self.nodes: dict[str, SimpleNamespace] = {}
+        self.replicas: dict[str, SimpleNamespace] = {}
+        self.parts: dict[str, list[SimpleNamespace]] = {}
+        self.passes = 0                  # passes since the last full read
+        self.last_full = False           # whether the last refresh read everything
+        self.fulls = 0                   # full reads so far
+        self._ordered: list[SimpleNamespace] | None = None
+
+    def reset(self) -> None:
+        """Forget everything: the next refresh reads the whole fleet."""
+        self.generation = None
+
+    # ------------------------------------------------------------ one pass
+
+    def refresh(self, conn: Connection) -> Fleet:
+        """Bring the view up to the store as this transaction reads it; the fleet."""
+        changed = changes.since(conn, self.generation)
+        if changed.everything or self.generation is None or self.passes >= self.full_every:
+            self._read_all(conn)
+        else:
+            self.passes += 1
+            self.last_full = False
+            self._read_models(conn, changed.models)
+            self._read_nodes(conn, changed.nodes)
+            self._read_replicas(conn, changed.replicas)
+            self._volatile(conn)
+        self.generation = changed.generation
+        return self.fleet()
+
+    def fleet(self) -> Fleet:
+        if self._ordered is None:
+            self._ordered = sorted(self.replicas.values(),
+                                   key=lambda r: (r.model, r.started, r.id))
+        return Fleet(models=self.models, nodes=self.nodes, replicas=self._ordered,
+                     parts=self.parts)
+
+    # ------------------------------------------------------------ reads
+
+    def _read_all(self, conn: Connection) -> None:
+        self.models = {m.name: record(m) for m in repo.list_models(conn, deleted=True)}
+        self.nodes = {n.name: node_record(n) for n in repo.list_nodes(conn)}
+        self.replicas = {r.id: record(r) for r in repo.list_replicas(conn)}
+        self.parts = {rid: [record(p) for p in parts]
+                      for rid, parts in repo.parts_by_replica(conn).items()}
+        self._ordered = None
+        self.passes = 0
+        self.last_full = True
+        self.fulls += 1
+
+    def _read_models(self, conn: Connection, names: Iterable[str]) -> None:
+        names = set(names)
+        if not names:
+            return
+        found: dict[str, SimpleNamespace] = {}
+        for chunk in _chunks(names):
+            found.update((m.name, record(m)) for m in conn.execute(
+                sa.select(models_table).where(models_table.c.name.in_(chunk))))
+        hashes = {}
+        for name in names:
+            before = self.models.get(name)
+            row = found.get(name)
+            new_hash = row.definition_hash if row is not None else None
+            if before is None or before.definition_hash != new_hash:
+                hashes[name] = new_hash
+        self.models = self._merged(self.models, found, names)
+        self._rehash(hashes)
+
+    def _rehash(self, hashes: dict[str, str | None]) -> None:
+        """Replicas of models whose definition moved, with their ``model_hash``."""
+        if not hashes:
+            return
+        for rid, rep in list(self.replicas.items()):
+            if rep.model in hashes and rep.model_hash != hashes[rep.model]:
+                self.replicas[rid] = _patched(rep, {"model_hash": hashes[rep.model]})
+                self._ordered = None
+
+    def _read_nodes(self, conn: Connection, names: Iterable[str]) -> None:
+        names = set(names)
+        if not names:
+            return
+        found: dict[str, SimpleNamespace] = {}
+        for chunk in _chunks(names):
+            found.update((n.name, node_record(n)) for n in conn.execute(
+                sa.select(nodes_table).where(nodes_table.c.name.in_(chunk))))
+        self.nodes = self._merged(self.nodes, found, names)
+
+    def _read_replicas(self, conn: Connection, ids: Iterable[str]) -> None:
+        ids = set(ids)
+        if not ids:
+            return
+        for chunk in _chunks(ids):
+            rows = {r.id: record(r) for r in conn.execute(
+                _replica_query().where(replicas_table.c.id.in_(chunk)))}
+            parts: dict[str, list[SimpleNamespace]] = {}
+            for p in conn.execute(sa.select(replica_parts)
+                                  .where(replica_parts.c.replica_id.in_(chunk))
+                                  .order_by(replica_parts.c.replica_id, replica_parts.c.rank)):
+                parts.setdefault(p.replica_id, []).append(record(p))
+            for rid in chunk:
+                if rid in rows:
+                    self.replicas[rid] = rows[rid]
+                else:
+                    self.replicas.pop(rid, None)
+                if rid in parts:
+                    self.parts[rid] = parts[rid]
+                else:
+                    self.parts.pop(rid, None)
+        self._ordered = None
+
+    @staticmethod
+    def _merged(rows: dict[str, SimpleNamespace], found: dict[str, SimpleNamespace],
+                asked: set[str]) -> dict[str, SimpleNamespace]:
+        """``rows`` with the keys ``asked`` read again (``found``: those still there), in
+        key order."""
+        added = set(found) - set(rows)
+        out = dict(rows)
+        for key in asked:
+            if key in found:
+                out[key] = found[key]
+            else:
+                out.pop(key, None)
+        if added:
+            out = {k: out[k] for k in sorted(out)}
+        return out
+
+    # ------------------------------------------------------------ volatile columns
+
+    def _volatile(self, conn: Connection) -> None:
+        self.nodes, new_nodes = self._columns(
+            conn, nodes_table, "name", NODE_VOLATILE, self.nodes)
+        self._read_nodes(conn, new_nodes)
+        before = {n: m.definition_hash for n, m in self.models.items()}
+        self.models, new_models = self._columns(
+            conn, models_table, "name", MODEL_VOLATILE, self.models)
+        self._read_models(conn, new_models)
+        self._rehash({n: m.definition_hash for n, m in self.models.items()
+                      if before.get(n, m.definition_hash) != m.definition_hash}
+                     | dict.fromkeys(set(before) - set(self.models)))
+        replicas, new_replicas = self._columns(
+            conn, replicas_table, "id", REPLICA_VOLATILE, self.replicas)
+        if replicas is not self.replicas:
+            gone = set(self.replicas) - set(replicas)
+            self.replicas = replicas
+            for rid in gone:
+                self.parts.pop(rid, None)
+            self._ordered = None
+        self._read_replicas(conn, new_replicas)
+
+    @staticmethod
+    def _columns(conn: Connection, table: Any, key: str, columns: tuple[str, ...],
+                 rows: dict[str, SimpleNamespace]) -> tuple[dict[str, SimpleNamespace],
+                                                            set[str]]:
+        """``rows`` with ``columns`` as stored now (the same dict when none moved and no
+        row went), and the keys stored that ``rows`` lacks."""
+        seen: set[str] = set()
+        moved: dict[str, SimpleNamespace] = {}
+        new: set[str] = set()
+        for values in conn.execute(sa.select(table.c[key], *(table.c[c] for c in columns))):
+            name = values[0]
+            seen.add(name)
+            row = rows.get(name)
+            if row is None:
+                new.add(name)
+                continue
+            for i, column in enumerate(columns, 1):
+                if getattr(row, column) != values[i]:
+                    moved[name] = _patched(row, dict(zip(columns, values[1:], strict=True)))
+                    break
+        if not moved and len(seen) - len(new) == len(rows):
+            return rows, new
+        out = {k: moved.get(k, v) for k, v in rows.items() if k in seen}
+        return out, new

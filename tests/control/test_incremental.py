@@ -1,0 +1,231 @@
+"""The leader's incremental fleet view (control/incremental.py) never diverges from a full
+read: randomised operations through the real API, fleet and store functions (catalog
+applies, joins, reports and heartbeats, router posts, activations, drains, cordons,
+credential resets, deletions), a reconcile pass after each, and before every pass the view
+compared with ``fleet.read`` in the same transaction. On SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from llmgw_runtime.api.catalog import ModelSpec, Profile
+from llmgw_runtime.api.router import IdleMap, ModelCapacity, Unreachable
+from llmgw_runtime.control import drain_ops, fleet
+from llmgw_runtime.control.decide import Fleet, Settings, decide
+from llmgw_runtime.control.incremental import View
+from llmgw_runtime.control.reconcile import PassTimes
+from llmgw_runtime.errors import LlmgwError
+from llmgw_runtime.store import Store, repo
+
+from .conftest import CPU, Api
+
+SETTINGS = Settings()
+NODES = [f"n{i}" for i in range(6)]
+MODELS = [f"m{i}" for i in range(5)]
+
+
+def rows(table: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k: dict(v._mapping) if hasattr(v, "_mapping") else
+            dict(v) if isinstance(v, dict) else dict(vars(v))
+            for k, v in table.items()}
+
+
+def differ(got: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
+    """What differs of two tables (rows by key), column by column."""
+    a, b = rows(got), rows(want)
+    return {k: {c: (a.get(k, {}).get(c), b.get(k, {}).get(c))
+                for c in set(a.get(k, {})) | set(b.get(k, {}))
+                if a.get(k, {}).get(c) != b.get(k, {}).get(c)}
+            for k in set(a) | set(b) if a.get(k) != b.get(k)}
+
+
+def same(got: Fleet, want: Fleet) -> None:
+    """The view's fleet is the full read's: the same rows, in the same order."""
+    assert list(got.models) == list(want.models)
+    assert not differ(got.models, want.models)
+    assert list(got.nodes) == list(want.nodes)
+    assert not differ(got.nodes, {name: {k: v for k, v in row._mapping.items()
+                                         if k != "credential_hash"}
+                                  for name, row in want.nodes.items()})
+    assert not differ({r.id: r for r in got.replicas}, {r.id: r for r in want.replicas})
+    assert [(r.model, r.started) for r in got.replicas] == \
+        [(r.model, r.started) for r in want.replicas]
+    assert {k: [dict(vars(p)) for p in v] for k, v in got.parts.items()} == \
+        {k: [dict(p._mapping) for p in v] for k, v in want.parts.items()}
+
+
+def reconcile(store: Store, view: View) -> None:
+    """One pass as the leader runs it, the view checked against a full read first."""
+    with store.begin() as conn:
+        now = store.now(conn)
+        got = view.refresh(conn)
+        same(got, fleet.read(conn))
+        fleet.write(conn, decide(got, now, SETTINGS), now)
+
+
+class Ops:
+    """Random operations on a small fleet of CPU nodes."""
+
+    def __init__(self, api: Api, rnd: random.Random) -> None:
+        self.api, self.store, self.rnd = api, api.store, rnd
+        self.creds: dict[str, str] = {}
+
+    def tx(self, fn: Callable[[Any, float], Any]) -> None:
+        try:
+            with self.store.begin() as conn:
+                fn(conn, self.store.now(conn))
+        except LlmgwError:
+            pass                                    # refused as a user would be: fine
+
+    def apply(self) -> None:
+        names = self.rnd.sample(MODELS, self.rnd.randint(1, len(MODELS)))
+        specs = [ModelSpec(name=n, source=f"/m/{n}.gguf", engine="llama.cpp",
+                           profile=Profile.model_validate({"class": "cpu"}),
+                           replicas=self.rnd.randint(0, 2), on_demand=self.rnd.random() < 0.3)
+                 for n in names]
+        prune = self.rnd.random() < 0.2
+        self.tx(lambda conn, now: fleet.apply_catalog(conn, specs, now, prune))
+
+    def join(self) -> None:
+        node = self.rnd.choice(NODES)
+        if node not in self.creds:
+            self.creds[node] = self.api.join(node)
+
+    def devices(self) -> list[dict[str, Any]]:
+        return [{**CPU, "memory_used_mb": self.rnd.choice([1000, 2000, 3000])}]
+
+    def report(self) -> None:
+        if not self.creds:
+            return self.join()
+        node = self.rnd.choice(sorted(self.creds))
+        with self.store.begin() as conn:
+            ids = [r.id for r in repo.list_replicas(conn, node=node)]
+        states = ["ready", "ready", "starting", "failed"]
+        reported = [{"id": rid, "state": self.rnd.choice(states), "port": 41000, "pid": 7}
+                    for rid in ids if self.rnd.random() < 0.8]
+        answer = self.api.report(self.creds[node], node, replicas=reported,
+                                 devices=self.devices())
+        if answer.status_code == 401:               # its credential was reset
+            del self.creds[node]
+
+    def heartbeat(self) -> None:
+        """A steady agent's refreshed report time and device readings, through the
+        control service's batch writer (control/reports.py ``Heartbeats``)."""
+        if not self.creds:
+            return
+        node = self.rnd.choice(sorted(self.creds))
+        with self.store.begin() as conn:
+            now = self.store.now(conn)
+        writer = self.api.client.application.extensions["llmgw.heartbeats"]
+        writer.put(node, now, json.dumps(self.devices()))
+
+    def replica(self) -> str | None:
+        with self.store.begin() as conn:
+            ids = [r.id for r in repo.list_replicas(conn)]
+        return self.rnd.choice(ids) if ids else None
+
+    def router_post(self) -> None:
+        rid = self.replica()
+        model = self.rnd.choice(MODELS)
+        body = IdleMap(replicas={rid: self.rnd.uniform(0, 100)} if rid else {},
+                       capacity={model: ModelCapacity(
+                           waiting=self.rnd.randint(0, 3), in_flight=1, slots=1,
+                           rejected=0, at_capacity=self.rnd.random() < 0.5)},
+                       router="r1", worker="w1",
+                       in_flight={rid: self.rnd.randint(0, 2)} if rid else {})
+        self.tx(lambda conn, now: fleet.record_idle(conn, body, now))
+
+    def unreachable(self) -> None:
+        rid = self.replica()
+        if rid:
+            self.tx(lambda conn, now: fleet.mark_unreachable(
+                conn, Unreachable(replica_id=rid, reason="refused"), now))
+
+    def activate(self) -> None:
+        name = self.rnd.choice(MODELS)
+        self.tx(lambda conn, now: fleet.activate(conn, name, now, SETTINGS))
+
+    def unpark(self) -> None:
+        name = self.rnd.choice(MODELS)
+        self.tx(lambda conn, now: fleet.unpark(conn, name, now))
+
+    def delete_model(self) -> None:
+        name = self.rnd.choice(MODELS)
+        self.tx(lambda conn, now: fleet.delete_model(conn, name, now))
+
+    def drain(self) -> None:
+        node = self.rnd.choice(NODES)
+        if self.rnd.random() < 0.5:
+            self.tx(lambda conn, now: drain_ops.drain_node(
+                conn, node, now, SETTINGS, force=True, by="test"))
+        else:
+            on = self.rnd.random() < 0.5
+            self.tx(lambda conn, now: drain_ops.cordon(conn, node, now, "test", on))
+
+    def reset(self) -> None:
+        node = self.rnd.choice(NODES)
+        self.tx(lambda conn, now: fleet.reset_node(conn, node, now, "test"))
+        self.creds.pop(node, None)
+
+    def delete_node(self) -> None:
+        node = self.rnd.choice(NODES)
+        self.tx(lambda conn, now: fleet.delete_node(conn, node, now, SETTINGS, force=True,
+                                                    by="test"))
+        self.creds.pop(node, None)
+
+    def pick(self) -> Callable[[], Any]:
+        weighted = [(self.apply, 3), (self.join, 3), (self.report, 8), (self.heartbeat, 6),
+                    (self.router_post, 4), (self.unreachable, 1), (self.activate, 2),
+                    (self.unpark, 1), (self.delete_model, 1), (self.drain, 2),
+                    (self.reset, 1), (self.delete_node, 1)]
+        fns, weights = zip(*weighted, strict=True)
+        return self.rnd.choices(fns, weights)[0]
+
+
+def test_the_incremental_view_never_diverges_from_a_full_read(api: Api) -> None:
+    rnd = random.Random(30)
+    view = View(full_every=10**6)              # no periodic full read: only the log
+    ops = Ops(api, rnd)
+    for node in NODES[:3]:
+        ops.creds[node] = api.join(node)
+    reconcile(api.store, view)
+    for _ in range(120):
+        for _ in range(rnd.randint(1, 3)):
+            ops.pick()()
+        reconcile(api.store, view)
+    assert view.fulls == 1, "every pass after the first read only what changed"
+    with api.store.begin() as conn:
+        placed = len(repo.list_replicas(conn))
+    assert placed, "the operations left replicas to compare"
+
+
+def test_a_steady_pass_reads_nothing_whole_and_every_nth_pass_reads_all(store: Store) -> None:
+    with store.begin() as conn:
+        now = store.now(conn)
+        repo.set_node_credential(conn, "n1", "c" * 64, now)
+    view = View(full_every=3)
+    fulls = []
+    for _ in range(8):
+        with store.begin() as conn:
+            view.refresh(conn)
+        fulls.append(view.last_full)
+    assert fulls == [True, False, False, False, True, False, False, False]
+    view.reset()
+    with store.begin() as conn:
+        view.refresh(conn)
+    assert view.last_full
+
+
+def test_the_passes_are_logged_every_10s_in_the_line_the_benchmarks_read(
+        caplog: pytest.LogCaptureFixture) -> None:
+    times = PassTimes(every_s=0.0)
+    with caplog.at_level(logging.INFO, logger="llmgw_runtime.control.reconcile"):
+        times.add(0.0123, True)
+    assert caplog.messages == ["reconcile passes last 10s: n=1 full=1 p50_ms=12.3 "
+                               "p99_ms=12.3 max_ms=12.3"]
