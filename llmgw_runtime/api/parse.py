@@ -10,7 +10,7 @@ import pydantic
 
 from ..errors import ValidationError
 from .fields import ID_RE, NAME_RE, NODE_NAME_RE
-from .jsonlimits import loads_bounded
+from .jsonlimits import check_depth, loads_bounded
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -70,9 +70,26 @@ def parse(cls: type[M], data: Any, *, what: str) -> M:
                               details=problems(exc)) from None
 
 
+# Literals the fast path leaves to the slow one, which refuses them with its own words.
+# (Numbers past a double's range or Python's digit limit need no such test: every number
+# of a message is a bounded field, so pydantic refuses them and the slow path says why.)
+_NOT_JSON = (b"NaN", b"Infinity")
+
+
 def parse_json(cls: type[M], raw: bytes | str, *, what: str) -> M:
-    """``raw`` JSON text as a ``cls``: depth and numbers are checked before decoding."""
-    return parse(cls, decode(raw, what=what), what=what)
+    """``raw`` JSON text as a ``cls``: depth and numbers are checked before decoding.
+
+    A body that passes is validated by pydantic straight from the bytes (no Python objects
+    in between); one it refuses, or one the checks leave out, is decoded and validated
+    again the slow way, so every refusal says what it always said."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    if data and not any(word in data for word in _NOT_JSON):
+        try:
+            check_depth(data, MAX_DEPTH)
+            return cls.model_validate_json(data)
+        except ValueError:             # pydantic's ValidationError too: say it precisely
+            pass
+    return parse(cls, decode(data, what=what), what=what)
 
 
 def decode(raw: bytes | str, *, what: str) -> Any:
