@@ -29,13 +29,13 @@ from .. import throttle
 from ..api.history import RANGES
 from ..errors import LlmgwError, NotFoundError, StoreError
 from ..status import changes, render
-from ..status.summary import at_capacity, device_label, location, node_alive
+from ..status.summary import at_capacity, device_label, failing_of, location, node_alive
 from ..status.telling import telling_line
 from ..store import repo
 from ..store import usage as usage_store
 from . import console_auth as auth
 from . import console_charts as charts
-from . import fleet, gpu_hours, history, usage
+from . import fleet, gpu_hours, history, summary_view, usage
 from .web import clock, fleet_settings, now_of, store, store_health
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 bp = Blueprint("console", __name__, template_folder="templates", static_folder="static",
                static_url_path="/console/static")
 
-PER_PAGE = 200               # rows per page of nodes and replicas (2,000 nodes = 10 pages)
+PER_PAGE = 200               # rows per page of nodes, replicas and models (10,000 nodes: 50)
 EVENTS = 200                 # events shown by default (at most 1,000)
 CSP = ("default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -193,14 +193,17 @@ def logout() -> Any:
 @auth.login_required
 def summary() -> Any:
     span = charts.range_of(request.args.get("range"))
-    with store().begin() as conn:
+    settings = fleet_settings()
+    with store().begin() as conn:       # the transaction reads; the summary is derived after
         now = now_of(conn)
-        data = fleet.summary(conn, now, fleet_settings(),
-                             idle_after_s=current_app.config["LLMGW"].idle_after_s,
-                             store=store_health())
+        rows = summary_view.read(conn, now, settings)
         past = history.history(conn, now, span, with_models=False)
-    return page("summary.html", "Summary", s=data, span=span, spans=list(RANGES),
-                class_charts=charts.class_charts(past))
+    data = summary_view.build(rows, settings,
+                              idle_after_s=current_app.config["LLMGW"].idle_after_s,
+                              store=store_health())
+    shown, pager = paginate(data["models"])     # the models table, a page at a time
+    return page("summary.html", "Summary", s=data, models=shown, paging=pager, span=span,
+                spans=list(RANGES), class_charts=charts.class_charts(past))
 
 
 @bp.get("/console/nodes")
@@ -233,18 +236,15 @@ def nodes() -> Any:
 def models() -> Any:
     with store().begin() as conn:
         now = now_of(conn)
-        items = [{**m, "at_capacity": at_capacity(m, now)}
-                 for m in fleet.models_view(conn, now)]
-        # each model's rollout and failing streak as the summary says them (one summary
-        # behind every view)
-        said = {m["name"]: m for m in fleet.summary(
-            conn, now, fleet_settings(), idle_after_s=current_app.config["LLMGW"].idle_after_s,
-            store={})["models"]}
-    items = [{**m, "rollout": said.get(m["name"], {}).get("rollout"),
-              "failing": said.get(m["name"], {}).get("failing")} for m in items]
+        rows = summary_view.read(conn, now, fleet_settings(), nodes=False)
+    chunk, pager = paginate(rows.models)
+    # each model's capacity, rollout and failing streak as the summary says them (the
+    # summary's own functions over the same rows)
+    items = [{**m, "at_capacity": at_capacity(m, now), "failing": failing_of(m),
+              "rollout": changes.rollout_of(m, rows.replicas)} for m in chunk]
     retried = request.args.get("retried")
-    return page("models.html", "Models", models=items,
-                retried=retried if retried in {m["name"] for m in items} else None)
+    return page("models.html", "Models", models=items, paging=pager,
+                retried=retried if retried in {m["name"] for m in rows.models} else None)
 
 
 @bp.get("/console/models/<path:name>")

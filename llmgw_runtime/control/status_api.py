@@ -8,7 +8,7 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify, request
 
 from ..errors import ValidationError
-from . import fleet
+from . import fleet, summary_view
 from .web import fleet_settings, now_of, require, store, store_health
 
 bp = Blueprint("status", __name__, url_prefix="/api/v1")
@@ -35,9 +35,11 @@ def status() -> Any:
     idle_after_s = idle_after_arg()
     if idle_after_s is None:
         idle_after_s = current_app.config["LLMGW"].idle_after_s
-    with store().begin() as conn:
-        return jsonify(fleet.summary(conn, now_of(conn), fleet_settings(),
-                                     idle_after_s=idle_after_s, store=store_health()))
+    settings = fleet_settings()
+    with store().begin() as conn:       # the transaction reads; the summary is derived after
+        rows = summary_view.read(conn, now_of(conn), settings)
+    return jsonify(summary_view.build(rows, settings, idle_after_s=idle_after_s,
+                                      store=store_health()))
 
 
 @bp.get("/plan")

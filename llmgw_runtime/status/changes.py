@@ -99,13 +99,13 @@ def maintenance(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
                 ) -> list[dict[str, Any]]:
     """The cordoned and draining nodes, each with the replicas still on it (head or part)
     that are to keep running, for the summary."""
-    out = []
-    for node in nodes:
-        state = node_state(node)
-        if state is None:
-            continue
-        left = sum(1 for r in replicas if r.get("desired", True) and (
-            r["node"] == node["name"]
-            or any(p["node"] == node["name"] for p in r.get("parts") or [])))
-        out.append({"name": node["name"], "state": state, "replicas": left})
-    return out
+    held = [(node, state) for node in nodes if (state := node_state(node)) is not None]
+    if not held:
+        return []
+    on: dict[str, int] = {}      # node -> wanted replicas on it (a replica counts once)
+    for r in replicas:
+        if r.get("desired", True):
+            for name in {r["node"], *(p["node"] for p in r.get("parts") or [])}:
+                on[name] = on.get(name, 0) + 1
+    return [{"name": node["name"], "state": state, "replicas": on.get(node["name"], 0)}
+            for node, state in held]

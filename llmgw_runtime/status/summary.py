@@ -115,33 +115,55 @@ def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
     users = device_users(replicas)
     used = set(users) if used is None else used
     prof = profiles(models)
-    counts: dict[str, Counter[str]] = {}
+    # per class: total, used, free, unhealthy, unreachable, replicas (one pass over every
+    # device of the fleet, 100,000 at 10,000 nodes: plain lists, no per-device objects)
+    counts: dict[str, list[int]] = {}
     memory: dict[str, list[float]] = {}
     shared: set[str] = set()
+    touched = {name for name, _ in used} | {name for name, _ in users}
     for node in nodes:
         alive = node_alive(node, now, node_timeout_s)
+        name = node["name"]
+        quiet = name not in touched         # most nodes: nothing on any of its devices
         for dev in node.get("devices", []):
             klass = dev["class"]
-            c = counts.setdefault(klass, Counter())
-            mem = memory.setdefault(klass, [0.0, 0.0])
-            c["total"] += 1
+            c = counts.get(klass)
+            if c is None:
+                c = counts[klass] = [0, 0, 0, 0, 0, 0]
+                memory[klass] = [0.0, 0.0]
+            c[0] += 1
             if not alive:
-                c["unreachable"] += 1
+                c[4] += 1
                 continue
             if not dev.get("healthy", True):
-                c["unhealthy"] += 1
+                c[3] += 1
                 continue
-            key = (node["name"], dev["id"])
-            on_it = users.get(key, [])
-            c["used" if key in used else "free"] += 1
-            c["replicas"] += len(on_it)
-            is_shared, free_mb = _memory_free_mb(dev, on_it, prof)
+            if quiet:
+                total = float(dev.get("memory_total_mb", 0))
+                c[2] += 1
+                mem = memory[klass]
+                mem[0] += total
+                mem[1] += max(0.0, total - float(dev.get("memory_used_mb", 0)))
+                if klass == CPU_CLASS:
+                    shared.add(klass)
+                continue
+            key = (name, dev["id"])
+            c[1 if key in used else 2] += 1
+            on_it = users.get(key)
+            total = float(dev.get("memory_total_mb", 0))
+            if on_it is None:           # nobody on it: its reported free memory
+                free_mb = max(0.0, total - float(dev.get("memory_used_mb", 0)))
+                is_shared = False
+            else:
+                c[5] += len(on_it)
+                is_shared, free_mb = _memory_free_mb(dev, on_it, prof)
             if is_shared or klass == CPU_CLASS:
                 shared.add(klass)
-            mem[0] += float(dev.get("memory_total_mb", 0))
+            mem = memory[klass]
+            mem[0] += total
             mem[1] += free_mb
     keys = ("total", "used", "free", "unhealthy", "unreachable", "replicas")
-    return {k: {**{key: v[key] for key in keys}, "shared": k in shared,
+    return {k: {**dict(zip(keys, v, strict=True)), "shared": k in shared,
                 "memory_total_mb": round(memory[k][0]),
                 "memory_used_mb": round(memory[k][0] - memory[k][1]),
                 "memory_free_mb": round(memory[k][1])}
@@ -183,28 +205,43 @@ def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: floa
     ``used_devices``; none given, nothing is in use). Nodes without a fabric are listed
     together under ``(none)``."""
     used = used or set()
+    used_nodes = {node for node, _ in used}
     out: dict[str, Any] = {}
     local_of: dict[str, frozenset[str]] = {}
     shared_of: dict[str, set[str]] = {}
     alive: list[tuple[str, str]] = []          # (node, fabric) of reporting nodes
     for node in nodes:
         name = node.get("fabric") or NO_FABRIC
-        entry = out.setdefault(name, {"nodes": 0, "reporting": 0, "free_nodes": 0,
-                                       "models": []})
+        entry = out.get(name)
+        if entry is None:
+            entry = out[name] = {"nodes": 0, "reporting": 0, "free_nodes": 0, "models": []}
         entry["nodes"] += 1
         if not node_alive(node, now, node_timeout_s):
             continue
         entry["reporting"] += 1
-        entry["free_nodes"] += free_whole(node, used)
+        if node["name"] in used_nodes:
+            entry["free_nodes"] += free_whole(node, used)
+        else:                           # nothing runs on it: whole if all are healthy
+            devices = node.get("devices") or []
+            entry["free_nodes"] += bool(devices) and all(
+                [dev.get("healthy", True) for dev in devices])
         local, shared = held_sources(node.get("weights") or {})
         local_of[node["name"]] = local
-        shared_of.setdefault(_filer_group(name, node["name"]), set()).update(shared)
+        if shared:
+            shared_of.setdefault(_filer_group(name, node["name"]), set()).update(shared)
         alive.append((node["name"], name))
     # holders[fabric][source]: reporting nodes of the fabric that see the source
     holders: dict[str, Counter[str]] = {}
     for node_name, fabric in alive:
-        seen = local_of[node_name] | shared_of.get(_filer_group(fabric, node_name), set())
-        holders.setdefault(fabric, Counter()).update(seen)
+        seen = local_of[node_name]
+        filer = shared_of.get(_filer_group(fabric, node_name))
+        if filer:
+            seen = seen | filer
+        held = holders.get(fabric)
+        if held is None:
+            held = holders[fabric] = Counter()
+        if seen:
+            held.update(seen)
     per_model: dict[str, Any] = {}
     for m in models:
         src, where, count = m["source"], [], 0

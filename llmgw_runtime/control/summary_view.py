@@ -1,0 +1,179 @@
+"""The fleet summary (``status.summary.build``) from one read of the store, split in two so
+each half can be measured: ``read`` turns the rows into the dicts the views show (the
+replicas read once, for the models' states and the summary both), ``build`` derives the
+summary from them. ``summary`` is the two together: what the status endpoint and the
+console call (``fleet.summary`` answers the same, reading the replicas twice and decoding
+every node's JSON on every call)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from ..status import summary as status_summary
+from ..store import repo
+from . import autoscale, drain
+from .decide import Settings
+from .fleet import replica_view
+from .states import failing, model_state
+
+
+class Decoded:
+    """Nodes' JSON columns decoded once per text, kept between requests: the devices of a
+    node by its name (decoded again only when its text changed), the engines, weights and
+    hardware by text (most nodes of a large fleet report the same); node and model rows as
+    dicts by their values. What it returns is shared between requests: callers read it, never
+    change it. Bounded: each map starts over when it holds more than ``limit`` entries."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._devices: dict[str, tuple[str, Any]] = {}
+        self._texts: dict[str, Any] = {}
+        self._models: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._nodes: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._at: dict[int, int] = {}       # row length -> index of last_report
+
+    def devices(self, name: str, text: str) -> Any:
+        seen = self._devices.get(name)
+        if seen is not None and seen[0] == text:
+            return seen[1]
+        value = json.loads(text)
+        with self._lock:
+            if len(self._devices) >= self.limit:
+                self._devices.clear()
+            self._devices[name] = (text, value)
+        return value
+
+    def text(self, text: str) -> Any:
+        try:
+            return self._texts[text]
+        except KeyError:
+            value = json.loads(text)
+        with self._lock:
+            if len(self._texts) >= self.limit:
+                self._texts.clear()
+            self._texts[text] = value
+        return value
+
+    def model(self, row: Any) -> dict[str, Any]:
+        """``repo.model_to_dict(row)`` (a copy: callers add to it), kept by the row's
+        values: a model row changes rarely, and its spec is validated once."""
+        key = tuple(row)
+        found = self._models.get(key)
+        if found is None:
+            found = repo.model_to_dict(row)
+            with self._lock:
+                if len(self._models) >= self.limit:
+                    self._models.clear()
+                self._models[key] = found
+        return dict(found)
+
+    def node(self, row: Any) -> dict[str, Any]:
+        """``fleet.node_view(row)`` (a test holds the two equal), kept by the row's values
+        but its report time (which moves with every report): a copy with the row's."""
+        values = tuple(row)
+        at = self._at.get(len(values))
+        if at is None:
+            at = self._at[len(values)] = row._fields.index("last_report")
+        key = values[:at] + values[at + 1:]
+        found = self._nodes.get(key)
+        if found is None:
+            found = self._node(row)
+            with self._lock:
+                if len(self._nodes) >= self.limit:
+                    self._nodes.clear()
+                self._nodes[key] = found
+        return {**found, "last_report": row.last_report}
+
+    def _node(self, row: Any) -> dict[str, Any]:
+        return {"name": row.name, "fabric": row.fabric, "address": row.address,
+                "last_report": row.last_report, "agent_version": row.agent_version,
+                "devices": self.devices(row.name, row.devices),
+                "engines": self.text(row.engines), "weights": self.text(row.weights),
+                "hardware": self.text(row.hardware),
+                "problem": row.problem or row.plan_problem,
+                "cordoned": bool(getattr(row, "cordoned", 0)),
+                "draining": drain.draining_node(row)}
+
+
+DECODED = Decoded()
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """The cyclic collector paused while a summary's ~100,000 short-lived objects are made
+    (each collection would walk the cache's long-lived ones too); reference counting
+    frees them as always."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The fleet as the summary reads it, at the store's ``now``."""
+
+    now: float
+    models: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+    replicas: list[dict[str, Any]]
+
+
+def models_of(model_rows: list[Any], replica_rows: list[Any], now: float,
+              backoff: tuple[float, float]) -> list[dict[str, Any]]:
+    """Every model with its state and failing streak, as ``fleet.models_view`` with the
+    reconciler's backoff, from rows already read."""
+    by_model: dict[str, list[Any]] = {}
+    for rep in replica_rows:
+        by_model.setdefault(rep.model, []).append(rep)
+    out = []
+    for row in model_rows:
+        item = DECODED.model(row)
+        reps = by_model.get(row.name, [])
+        state = model_state(row, reps, now)
+        serving = [r for r in reps if not drain.is_draining(r)]
+        item.update(state=state.state, reason=state.reason, ready=state.ready,
+                    wanted=state.wanted, scaling=autoscale.view(row, serving, now),
+                    failing=failing(row, reps, state, now, backoff))
+        out.append(item)
+    return out
+
+
+def read(conn: Connection, now: float, settings: Settings, *, nodes: bool = True) -> Rows:
+    """Models, nodes and replicas as the views show them, each table read once (the
+    nodes left out, an empty list, when ``nodes`` is false: the Models page)."""
+    with no_gc():
+        replica_rows = repo.list_replicas(conn)
+        parts = repo.parts_by_replica(conn)
+        models = models_of(repo.list_models(conn), replica_rows, now, settings.backoff)
+        node_dicts = [DECODED.node(n) for n in repo.list_nodes(conn)] if nodes else []
+        replicas = [replica_view(r, parts.get(r.id), now) for r in replica_rows]
+    return Rows(now, models, node_dicts, replicas)
+
+
+def build(rows: Rows, settings: Settings, *, idle_after_s: float,
+          store: dict[str, Any]) -> dict[str, Any]:
+    """The summary of rows read by ``read`` (pure)."""
+    with no_gc():
+        return status_summary.build(rows.models, rows.nodes, rows.replicas, rows.now,
+                                    settings.node_timeout_s, idle_after_s=idle_after_s,
+                                    store=store)
+
+
+def summary(conn: Connection, now: float, settings: Settings, *, idle_after_s: float,
+            store: dict[str, Any]) -> dict[str, Any]:
+    """The fleet summary every status view renders, from one read of the store."""
+    return build(read(conn, now, settings), settings, idle_after_s=idle_after_s,
+                 store=store)
