@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import signal
 import sys
 import tempfile
@@ -169,6 +170,9 @@ class Bench:
             if n == 2000 and a.scenario_a:
                 self.step("a", 2000, 5.0, a.window)
             scenario = "b" if n == max(a.sizes) else "curve"
+            if ceiling is not None and ceiling < 1.0:
+                print(f"{n} agents: not measured (no rate held before)", flush=True)
+                continue
             period = INTERVAL if ceiling is None or ceiling >= n / INTERVAL else \
                 round(n / ceiling, 1)
             row = self.step(scenario, n, period, a.window)
@@ -258,6 +262,8 @@ def bench(args: argparse.Namespace) -> int:
     finally:
         if b is not None:
             b.stop()
+        if pg.log.exists():
+            shutil.copy(pg.log, workdir / "postgres.log")
         pg.stop()
     print("\n" + HEADER)
     for r in b.rows:
@@ -285,7 +291,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seconds measured in scenario c [65: two applies]")
     ap.add_argument("--settle", type=float, default=3.0,
                     help="report periods between growing the fleet and measuring it")
-    ap.add_argument("--retries", type=int, default=0,
+    ap.add_argument("--retries", type=int, default=None,
                     help="longer intervals tried when a rate does not hold [2; --quick 0]")
     ap.add_argument("--grow-rate", type=float, default=250.0,
                     help="new agents a second at most (their first reports are full ones)")
@@ -302,7 +308,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.window = args.window or (8.0 if args.quick else 15.0)
     args.churn_window = args.churn_window or (20.0 if args.quick else 65.0)
     args.models = args.models or (200 if args.quick else 1000)
-    args.retries = args.retries if args.retries or args.quick else 2
+    if args.retries is None:
+        args.retries = 0 if args.quick else 2
     args.scenario_a = 2000 in args.sizes
     return args
 
