@@ -35,6 +35,7 @@ name, replicas by model and start.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
@@ -103,6 +104,8 @@ class View:
         self.last_full = False           # whether the last refresh read everything
         self.fulls = 0                   # full reads so far
         self._ordered: list[SimpleNamespace] | None = None
+        # what the last narrow read of each table found: key -> (key, *volatile columns)
+        self._last: dict[str, dict[str, tuple[Any, ...]]] = {}
 
     def reset(self) -> None:
         """Forget everything: the next refresh reads the whole fleet."""
@@ -141,9 +144,11 @@ class View:
         self.parts = {rid: [record(p) for p in parts]
                       for rid, parts in repo.parts_by_replica(conn).items()}
         self._ordered = None
+        self._last = {}
         self.passes = 0
         self.last_full = True
         self.fulls += 1
+        gc.freeze()      # the rows live long: keep them out of every garbage collection
 
     def _read_models(self, conn: Connection, names: Iterable[str]) -> None:
         names = set(names)
@@ -244,27 +249,34 @@ class View:
             self._ordered = None
         self._read_replicas(conn, new_replicas)
 
-    @staticmethod
-    def _columns(conn: Connection, table: Any, key: str, columns: tuple[str, ...],
+    def _columns(self, conn: Connection, table: Any, key: str, columns: tuple[str, ...],
                  rows: dict[str, SimpleNamespace]) -> tuple[dict[str, SimpleNamespace],
-                                                            set[str]]:
+                                                         set[str]]:
         """``rows`` with ``columns`` as stored now (the same dict when none moved and no
-        row went), and the keys stored that ``rows`` lacks."""
-        seen: set[str] = set()
+        row went), and the keys stored that ``rows`` lacks. Read through the driver's own
+        cursor (plain tuples; thousands of rows each pass), each compared with what the
+        previous read of the table found, and only a tuple that differs with its row."""
+        sql = str(sa.select(table.c[key], *(table.c[c] for c in columns))
+                  .compile(dialect=conn.dialect))
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute(sql)
+            found = {values[0]: values for values in cursor.fetchall()}
+        finally:
+            cursor.close()
+        last = self._last.get(table.name, {})
+        self._last[table.name] = found
         moved: dict[str, SimpleNamespace] = {}
         new: set[str] = set()
-        for values in conn.execute(sa.select(table.c[key], *(table.c[c] for c in columns))):
-            name = values[0]
-            seen.add(name)
+        for name, values in found.items():
             row = rows.get(name)
+            if row is not None and last.get(name) == values:
+                continue
             if row is None:
                 new.add(name)
-                continue
-            for i, column in enumerate(columns, 1):
-                if getattr(row, column) != values[i]:
-                    moved[name] = _patched(row, dict(zip(columns, values[1:], strict=True)))
-                    break
-        if not moved and len(seen) - len(new) == len(rows):
+            elif any(getattr(row, c) != v for c, v in zip(columns, values[1:], strict=True)):
+                moved[name] = _patched(row, dict(zip(columns, values[1:], strict=True)))
+        if not moved and len(found) - len(new) == len(rows):
             return rows, new
-        out = {k: moved.get(k, v) for k, v in rows.items() if k in seen}
+        out = {k: moved.get(k, v) for k, v in rows.items() if k in found}
         return out, new

@@ -45,21 +45,52 @@ def ids(devices_json: str) -> tuple[Any, ...]:
     return tuple(json.loads(devices_json))
 
 
-@functools.lru_cache(maxsize=32768)
-def _node_view(name: str, devices: str, engines: str, weights: str, last_report: Any,
-               fabric: Any, cordoned_: bool) -> NodeView:
-    local, shared = weights_views(weights)
-    return NodeView(name=name, devices=device_views(devices), engines=ids(engines),
-                    last_report=last_report, fabric=fabric, weights=local,
-                    shared_weights=shared, cordoned=cordoned_)
+class Memo:
+    """Views made of rows, remembered by the row object and the values they were made of:
+    the leader's fleet in memory (control/incremental.py) hands every pass the same row
+    objects for the rows that did not change, so a pass makes views only of those that
+    did. A hit needs the same object with the same values (a row changed in place is made
+    again); rows no longer passed are forgotten (``keep``)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[Any, tuple[Any, ...], Any]] = {}
+
+    def get(self, row: Any, values: tuple[Any, ...]) -> Any | None:
+        hit = self.seen.get(id(row))
+        return hit[2] if hit is not None and hit[0] is row and hit[1] == values else None
+
+    def put(self, row: Any, values: tuple[Any, ...], view: Any) -> Any:
+        self.seen[id(row)] = (row, values, view)
+        return view
+
+    def keep(self, rows: list[Any]) -> None:
+        """Forget all but ``rows`` once the memo holds many more than those."""
+        if len(self.seen) > 2 * len(rows) + 1024:
+            ids_ = {id(r) for r in rows}
+            self.seen = {k: v for k, v in self.seen.items() if k in ids_}
+
+
+NODES, REPLICAS = Memo(), Memo()
+
+
+def _cordoned(row: Any) -> bool:
+    return bool(getattr(row, "cordoned", 0)) or (bool(getattr(row, "drain", None))
+                                                 and cordoned(row))
 
 
 def node_view(row: Any) -> NodeView:
-    """The planner's view of a node's row; cached by the columns it is made of, since a
-    pass makes one of every node each second and most are as they were (a node whose
-    report time moved is made again)."""
-    return _node_view(row.name, row.devices, row.engines, row.weights, row.last_report,
-                      row.fabric, cordoned(row))
+    """The planner's view of a node's row (remembered: a pass makes one of every node each
+    second and most are as they were)."""
+    values = (row.name, row.devices, row.engines, row.weights, row.last_report, row.fabric,
+              _cordoned(row))
+    view = NODES.get(row, values)
+    if view is not None:
+        return view  # type: ignore[no-any-return]
+    local, shared = weights_views(row.weights)
+    return NODES.put(row, values, NodeView(  # type: ignore[no-any-return]
+        name=row.name, devices=device_views(row.devices), engines=ids(row.engines),
+        last_report=row.last_report, fabric=row.fabric, weights=local,
+        shared_weights=shared, cordoned=values[-1]))
 
 
 def node_views(nodes: list[Any]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
@@ -67,6 +98,7 @@ def node_views(nodes: list[Any]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
     why not (a row written before reports were parsed strictly, or by hand): one bad node
     is left out, the rest of the fleet is placed."""
     views, unusable = [], {}
+    NODES.keep(nodes)
     for row in nodes:
         try:
             views.append(node_view(row))
@@ -75,6 +107,24 @@ def node_views(nodes: list[Any]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
                                   f"{str(exc)[:200]}); it gets no replicas until it reports "
                                   "again")
     return tuple(views), unusable
+
+
+def replica_view(r: Any, parts: list[Any], leaving: set[str],
+                 current: dict[str, str | None]) -> ReplicaView:
+    """The planner's view of a replica's row and worker parts (``leaving``: the draining
+    nodes; ``current``: each model's definition), remembered as node views are."""
+    counts = not is_draining(r) and not (leaving and replica_nodes(r, parts) & leaving)
+    old = getattr(r, "definition_hash", None) not in (None, current.get(r.model))
+    values = (r.id, r.model, r.node, r.devices, r.state, r.started, r.desired, counts, old,
+              *((p.rank, p.node, p.devices) for p in parts))
+    view = REPLICAS.get(r, values)
+    if view is not None:
+        return view  # type: ignore[no-any-return]
+    return REPLICAS.put(r, values, ReplicaView(  # type: ignore[no-any-return]
+        id=r.id, model=r.model, node=r.node, devices=ids(r.devices), state=r.state,
+        started=r.started, desired=bool(r.desired),
+        parts=tuple(PartView(rank=p.rank, node=p.node, devices=ids(p.devices))
+                    for p in parts), counts=counts, old=old))
 
 
 def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
@@ -90,7 +140,7 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
     by_model: dict[str, list[Any]] = {}
     for rep in replicas:
         by_model.setdefault(rep.model, []).append(rep)
-    leaving = {n.name for n in nodes if draining_node(n)}
+    leaving = {n.name for n in nodes if getattr(n, "drain", None) and draining_node(n)}
     current = {m.name: getattr(m, "definition_hash", None) for m in models}
     targets = targets or {}
     model_views = tuple(
@@ -100,18 +150,9 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
                   hold_starts=in_backoff(m.consecutive_failures, m.last_failure_at, now,
                                          *backoff))
         for m in models)
-    replica_views = tuple(
-        ReplicaView(id=r.id, model=r.model, node=r.node,
-                    devices=ids(r.devices), state=r.state, started=r.started,
-                    desired=bool(r.desired),
-                    parts=tuple(PartView(rank=p.rank, node=p.node,
-                                         devices=ids(p.devices))
-                                for p in parts.get(r.id, [])),
-                    counts=not is_draining(r) and not (
-                        replica_nodes(r, parts.get(r.id, [])) & leaving),
-                    old=getattr(r, "definition_hash", None) not in (None,
-                                                                    current.get(r.model)))
-        for r in replicas)
+    REPLICAS.keep(replicas)
+    replica_views = tuple(replica_view(r, parts.get(r.id, []), leaving, current)
+                          for r in replicas)
     views, bad = node_views(nodes)
     if unusable is not None:
         unusable.update(bad)
