@@ -57,6 +57,10 @@ CONTROL_ROUTES = (
           ("join",), agent.JoinAnswer, agent.JoinRequest, errors=(400, 401, 403, 409)),
     Route("post", "/api/v1/agent/report", "a node reports; the answer is its assignments",
           ("node",), agent.ReportAnswer, agent.Report),
+    Route("post", "/api/v1/agent/heartbeat", "a steady node's heartbeat (the digest of its "
+          "last full report, replica states and device readings when they changed); the "
+          "answer is its assignments, or full_report", ("node",), agent.HeartbeatAnswer,
+          agent.Heartbeat),
     Route("get", "/api/v1/routes", "what routers route", ("router", "admin"), router.Routes),
     Route("post", "/api/v1/idle", "last use per replica", ("router",), None, router.IdleMap,
           status="204"),

@@ -1,22 +1,26 @@
 """What a node's report changes, and what lets a steady node's report cost no store access.
 
-Every agent reports every few seconds; at 2,000 agents that is the control service's hot
-path (bench/control_bench.py). A report is handled one of two ways (docs/architecture.md):
+Every agent reports every few seconds; at 10,000 agents that is the control service's hot
+path (bench/control_bench.py). A report (or a heartbeat, control/heartbeat.py) is handled
+one of two ways (docs/architecture.md):
 
 - **In a transaction** (the first report, and every report that changes something: a
   replica's state, the node's address, problem, engines, weights or hardware, a stopping
   agent): the credential is checked, the node and its replicas are written and the answer
   is read, as one transaction.
 - **From this process's caches** (a report that repeats what is stored): the credential,
-  the node's stored state and its answer are cached per process, valid while the store's
-  "fleet" generation stands still (every write that could change them moves it, when it
-  commits: store/db.py). Such a report only refreshes the node's last report time and its
-  devices, which are batched (:class:`Heartbeats`) and written a fraction of a second later.
+  the node's stored state, its answer and its last full report are cached per process.
+  Such a report only refreshes the node's last report time and its devices, which are
+  batched (:class:`Heartbeats`) and written a fraction of a second later.
 
-The generation is read from the store at most every ``GENERATION_TTL_S`` per process, and at
-once after this process committed a change, so a change made elsewhere (a new replica from
-the reconciler process, a credential reset through another worker) is seen by the reports
-that come after that at the latest.
+The caches follow the store's change log (store/changes.py): every write that could change
+what they hold names the nodes, models and replicas it changed, and a process forgets only
+those (a node's entries when its row or one of its replicas changed, the answers running a
+model when the model changed), so a change elsewhere in the fleet does not send every
+node's next report through a transaction. The log is read at most every
+``GENERATION_TTL_S`` per process, and at once after this process committed a change, so a
+change made elsewhere (a new replica from the reconciler process, a credential reset
+through another worker) is seen by the reports that come after that at the latest.
 """
 
 from __future__ import annotations
@@ -28,12 +32,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any
 
 from ..api.agent import Assignment, ReplicaReport, Report, ReportAnswer
 from ..api.states import LIVE_REPLICA_STATES, ReplicaState, ReportedState
 from ..errors import StoreError
-from ..store import Store, repo
+from ..store import Store, changes, repo
+from ..store.changes import Changed
 from .assignments import part_id
 
 log = logging.getLogger(__name__)
@@ -217,113 +222,152 @@ def report_answer(report: Report, interval_s: float, assignments: list[Assignmen
 # ------------------------------------------------------------------ this process's caches
 
 
-class Versioned(Protocol):
-    @property
-    def generation(self) -> int: ...
-
-
-E = TypeVar("E", bound=Versioned)
-
-
-class ByGeneration(Generic[E]):
-    """A bounded map whose entries count only under the generation they were made in."""
-
-    LIMIT = 20_000
-
-    def __init__(self) -> None:
-        self.entries: dict[str, E] = {}
-
-    def get(self, key: str, generation: int | None) -> E | None:
-        entry = self.entries.get(key)
-        if entry is None or generation is None or entry.generation != generation:
-            return None
-        return entry
-
-    def put(self, key: str, entry: E) -> None:
-        if len(self.entries) >= self.LIMIT:
-            self.entries.clear()
-        self.entries[key] = entry
-
-
 @dataclass(frozen=True)
 class Answer:
-    """A node's replica rows and assignments, and the devices they were made for."""
+    """A node's replica rows and assignments, the devices they were made for, and the
+    models they run (a change of one of those drops the answer)."""
 
-    generation: int
     devices: tuple[Any, ...]
     heads: list[Any]
     parts: list[Any]
     assignments: list[Assignment]
+    models: frozenset[str]
 
 
 @dataclass(frozen=True)
 class NodeEntry:
-    """A node as stored after a report handled in a transaction, under the generation read
-    with its credential."""
+    """A node as stored after a report handled in a transaction."""
 
     name: str
     address: str | None
     problem: str | None
     inventory: str | None
-    generation: int
+
+
+@dataclass(frozen=True)
+class Held:
+    """A node's last full report (as its heartbeats change it), by the digest its agent's
+    heartbeats name (api/agent.py ``report_digest``), with its inventory digest and its
+    devices as stored (``repo.inventory_of``, ``repo.devices_of``)."""
+
+    digest: str
+    report: Report
+    inventory: str
+    devices: str
 
 
 class ReportCache:
-    """Per process: credentials, node states, answers and the catalog's sources, each valid
-    under one value of the "fleet" generation."""
+    """Per process: credentials, node states, answers, the nodes' last full reports and the
+    catalog's sources, brought up to the store's "fleet" generation (:meth:`current`) by
+    forgetting what the change log names since the generation they reflect (``seen``)."""
+
+    LIMIT = 20_000      # entries of each map (a fleet larger than this is re-read in full)
 
     def __init__(self) -> None:
-        self.nodes: ByGeneration[NodeEntry] = ByGeneration()     # credential hash -> node
-        self.answers: ByGeneration[Answer] = ByGeneration()      # node name -> answer
-        self.sources: tuple[int | None, list[str], str] = (None, [], "")
-        self._generation: tuple[int | None, float, int] = (None, -1e9, 0)
+        self.nodes: dict[str, NodeEntry] = {}       # credential hash -> node
+        self.credential_of: dict[str, str] = {}     # node name -> credential hash
+        self.answers: dict[str, Answer] = {}        # node name -> answer
+        self.reports: dict[str, Held] = {}          # node name -> its last full report
+        self.sources: tuple[list[str], str] | None = None
+        self.seen: int | None = None                # the generation all of it reflects
+        self._polled: tuple[float, int] = (-1e9, 0)  # (when, the store's moves then)
         self._lock = threading.Lock()
 
-    def generation(self, store: Store) -> int | None:
-        """The generation as read at most ``GENERATION_TTL_S`` ago (None: unknown)."""
-        value, at, moves = self._generation
+    def current(self, store: Store) -> int | None:
+        """The generation the caches reflect, read at most ``GENERATION_TTL_S`` ago, and at
+        once after this process committed a change; None: unknown (the store failed; the
+        transaction path says what is wrong)."""
+        at, moves = self._polled
         if time.monotonic() - at <= GENERATION_TTL_S and moves == store.moves:
-            return value
+            return self.seen
         with self._lock:                       # one reader per process at a time
-            value, at, moves = self._generation
+            at, moves = self._polled
             if time.monotonic() - at <= GENERATION_TTL_S and moves == store.moves:
-                return value
+                return self.seen
             moves = store.moves                # this process's own writes: seen at once
             try:
                 with store.begin() as conn:
-                    value = repo.fleet_generation(conn)
+                    changed: Changed | None = changes.since(conn, self.seen)
             except StoreError:
-                value = None                   # the transaction path says what is wrong
-            self._generation = (value, time.monotonic(), moves)
-        return value
+                changed = None
+            self._apply(changed)
+            self._polled = (time.monotonic(), moves)
+        return self.seen
+
+    def _apply(self, changed: Changed | None) -> None:
+        """Forget what ``changed`` names (None or ``everything``: all of it): a node's
+        credential entry and answer when its row, its replicas or a replica sharing one of
+        its nodes changed; the sources, and the answers that run a model, when the model
+        did. Telemetry (device readings) changes nothing cached. Held reports stay: they
+        are what the agents said."""
+        if changed is None or changed.everything:
+            self.nodes.clear()
+            self.credential_of.clear()
+            self.answers.clear()
+            self.sources = None
+            self.seen = None if changed is None else changed.generation
+            return
+        gone = set(changed.nodes - changed.telemetry_only)
+        if changed.models:
+            self.sources = None
+            gone.update(n for n, a in self.answers.items() if a.models & changed.models)
+        self.forget_nodes(gone)
+        self.seen = changed.generation
+
+    def forget_nodes(self, names: set[str]) -> None:
+        for name in names:
+            self.answers.pop(name, None)
+            key = self.credential_of.pop(name, None)
+            if key is not None:
+                self.nodes.pop(key, None)
 
     def forget(self, names: list[str]) -> None:
         """Nodes whose stored state moved on (another process wrote a newer report, or
         their agent said it stopped): their next report is handled in a transaction."""
         if names:
-            gone = set(names)
-            for key, entry in list(self.nodes.entries.items()):
-                if entry.name in gone:
-                    self.nodes.entries.pop(key, None)
+            with self._lock:
+                for name in names:
+                    key = self.credential_of.pop(name, None)
+                    if key is not None:
+                        self.nodes.pop(key, None)
 
-    def answer(self, node: str, generation: int | None,
-               devices: tuple[Any, ...]) -> Answer | None:
-        hit = self.answers.get(node, generation)
+    def put(self, stamp: int | None, token_hash: str, entry: NodeEntry,
+            answer: Answer, sources: tuple[list[str], str]) -> None:
+        """Cache what a transaction read under generation ``stamp`` (read with the
+        credential): only when no change after ``stamp`` was forgotten already, else a
+        change this transaction may not have seen would never drop it."""
+        with self._lock:
+            if stamp is None or self.seen is None or stamp < self.seen:
+                return
+            if len(self.nodes) >= self.LIMIT or len(self.answers) >= self.LIMIT:
+                self._apply(None)
+                return
+            old = self.credential_of.get(entry.name)
+            if old is not None and old != token_hash:
+                self.nodes.pop(old, None)
+            self.nodes[token_hash] = entry
+            self.credential_of[entry.name] = token_hash
+            self.answers[entry.name] = answer
+            if self.sources is None:
+                self.sources = sources
+
+    def hold(self, node: str, held: Held) -> None:
+        """Keep a node's last full report (its heartbeats name it by its digest)."""
+        if len(self.reports) >= self.LIMIT and node not in self.reports:
+            self.reports.clear()
+        self.reports[node] = held
+
+    def answer(self, node: str, devices: tuple[Any, ...]) -> Answer | None:
+        hit = self.answers.get(node)
         return hit if hit is not None and hit.devices == devices else None
 
-    def catalog_sources(self, conn: Any, generation: int | None) -> tuple[list[str], str]:
+    def catalog_sources(self, conn: Any) -> tuple[list[str], str]:
         """The catalog's sources and their hash (agents look for these in their weights
-        directories), re-read when the generation has moved."""
-        cached, sources, digest = self.sources
-        if generation is None or cached != generation:
-            sources = repo.model_sources(conn)
-            digest = hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
-            self.sources = (generation, sources, digest)
-        return sources, digest
-
-    def cached_sources(self, generation: int) -> tuple[list[str], str] | None:
-        cached, sources, digest = self.sources
-        return (sources, digest) if cached == generation else None
+        directories): cached ones, else read in ``conn``."""
+        if self.sources is not None:
+            return self.sources
+        sources = repo.model_sources(conn)
+        return sources, hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
 
 
 class Heartbeats:
@@ -332,7 +376,9 @@ class Heartbeats:
     Unless :meth:`start` ran (gunicorn workers: control/serve.py), each is written at once.
     A batch never moves a node's last report backwards, nor revives a node whose agent said
     it stopped (``repo.record_heartbeats``); a report written in a transaction drops the
-    node's pending heartbeat."""
+    node's pending heartbeat. A node whose devices differ from what this writer wrote of
+    it last is named in the change log (kind telemetry: the reconciler reads its devices
+    again); one whose last report time only moved is not."""
 
     def __init__(self, store_of: Callable[[], Store], stale: Callable[[list[str]], None],
                  every_s: float = FLUSH_EVERY_S) -> None:
@@ -340,6 +386,7 @@ class Heartbeats:
         self.stale = stale                     # told the nodes whose state moved on
         self.every_s = every_s
         self.pending: dict[str, tuple[float, str]] = {}
+        self.written: dict[str, int] = {}      # node -> hash of the devices written last
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.stopped = threading.Event()
@@ -359,8 +406,9 @@ class Heartbeats:
 
     def put(self, node: str, at: float, devices: str) -> None:
         if self.thread is None:
-            self.stale(self.store_of().write(
-                lambda conn: repo.record_heartbeats(conn, [(node, at, devices)])))
+            stale = self._write({node: (at, devices)})
+            if stale:
+                self.stale(stale)
             return
         with self.lock:
             self.pending[node] = (at, devices)
@@ -368,28 +416,43 @@ class Heartbeats:
     def drop(self, node: str) -> None:
         with self.lock:
             self.pending.pop(node, None)
+            self.written.pop(node, None)
+
+    def _write(self, batch: dict[str, tuple[float, str]]) -> list[str]:
+        """Write ``batch``; returns the nodes whose stored state moved on."""
+        rows = [(node, at, devices) for node, (at, devices) in batch.items()]
+        changed = [node for node, (_, devices) in batch.items()
+                   if self.written.get(node) != hash(devices)]
+        stale = self.store_of().write(
+            lambda conn: repo.record_heartbeats(conn, rows, telemetry=changed))
+        with self.lock:
+            if len(self.written) >= ReportCache.LIMIT:
+                self.written.clear()
+            self.written.update((node, hash(devices)) for node, (_, devices) in batch.items())
+            for node in stale:
+                self.written.pop(node, None)
+        return stale
 
     def flush(self) -> int:
         with self.lock:
             batch, self.pending = self.pending, {}
         if not batch:
             return 0
-        rows = [(node, at, devices) for node, (at, devices) in batch.items()]
         try:
-            stale = self.store_of().write(lambda conn: repo.record_heartbeats(conn, rows))
+            stale = self._write(batch)
         except StoreError as exc:
             with self.lock:                    # keep them, unless newer ones came meanwhile
                 for node, value in batch.items():
                     self.pending.setdefault(node, value)
             if not self._failing:
                 log.warning("writing %d nodes' last reports failed, retrying: %s",
-                            len(rows), exc)
+                            len(batch), exc)
             self._failing = True
             return 0
         self._failing = False
         if stale:
             self.stale(stale)
-        return len(rows)
+        return len(batch)
 
     def _run(self) -> None:
         while not self.stopped.wait(self.every_s):

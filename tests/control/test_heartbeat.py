@@ -1,0 +1,186 @@
+"""Heartbeats (issue 30): a steady node's small message, answered from the control
+process's memory; a change elsewhere in the fleet leaves it there, a change of its own
+node reaches it; a heartbeat the process cannot place asks for the full report; a hostile
+one is refused naming the field. On SQLite and PostgreSQL (the ``api`` fixture)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from llmgw_runtime.api.agent import report_digest
+from llmgw_runtime.control import reports
+from llmgw_runtime.store import Store, changes, repo
+
+from .conftest import CPU, Api
+
+CATALOG = """models:
+  - name: tiny
+    source: file:///models/tiny.gguf
+    engine: llama.cpp
+    profile: {class: cpu}
+"""
+HEARTBEAT = "/api/v1/agent/heartbeat"
+
+
+def full(api: Api, cred: str, node: str = "n1", **extra: Any) -> tuple[Any, str]:
+    """A full report as an agent sends it; returns the answer and the report's digest."""
+    body = json.dumps({"node": node, "address": "127.0.0.1", "agent_version": "t",
+                       "devices": [CPU], "engines": ["llama.cpp"], "weights": {},
+                       "replicas": [], **extra}).encode()
+    answer = api.call("POST", "/api/v1/agent/report", cred, data=body,
+                      content_type="application/json")
+    assert answer.status_code == 200, answer.json
+    return answer.json, report_digest(body)
+
+
+def beat(api: Api, cred: str, digest: str, node: str = "n1", **extra: Any) -> Any:
+    return api.call("POST", HEARTBEAT, cred, json={"node": node, "digest": digest, **extra})
+
+
+@contextmanager
+def statements(store: Store) -> Iterator[list[str]]:
+    """The SQL statements this process sends the store meanwhile."""
+    seen: list[str] = []
+
+    def note(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        seen.append(sql)
+
+    event.listen(store.engine, "before_cursor_execute", note)
+    try:
+        yield seen
+    finally:
+        event.remove(store.engine, "before_cursor_execute", note)
+
+
+@pytest.fixture
+def batched(api: Api, monkeypatch: pytest.MonkeyPatch) -> Iterator[reports.Heartbeats]:
+    """The app's heartbeat writer batching (as in a gunicorn worker), flushed by hand."""
+    beats: reports.Heartbeats = api.client.application.extensions["llmgw.heartbeats"]
+    beats.every_s = 3600
+    beats.start()
+    yield beats
+    beats.stop()
+
+
+def placed(api: Api, cred: str) -> tuple[str, str]:
+    """n1 runs tiny's replica, ready and steady; returns its id and the last digest."""
+    assert api.call("PUT", "/api/v1/catalog", data=CATALOG).status_code == 200
+    full(api, cred)
+    api.reconciler.run_cycle()
+    [assignment], _ = full(api, cred)[0]["assignments"], None
+    rid = assignment["replica_id"]
+    ready = [{"id": rid, "model": "tiny", "state": "ready", "port": 41000, "pid": 7}]
+    for _ in range(2):                  # the write, then the same again: from the caches
+        answer, digest = full(api, cred, replicas=ready)
+    assert [a["replica_id"] for a in answer["assignments"]] == [rid]
+    return rid, digest
+
+
+def test_a_steady_heartbeat_is_answered_from_memory_with_no_store_statement(
+        api: Api, batched: reports.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
+    cred = api.join()
+    rid, digest = placed(api, cred)
+    assert beat(api, cred, digest).status_code == 200     # the caches are current now
+    monkeypatch.setattr(reports, "GENERATION_TTL_S", 60.0)
+    moves = api.store.moves
+    with statements(api.store) as sql:
+        for used in (1000, 1000, 3000):                   # readings change: still steady
+            answer = beat(api, cred, digest, devices=[{**CPU, "memory_used_mb": used}])
+            assert answer.status_code == 200, answer.json
+            assert not answer.json.get("full_report")
+            assert [a["replica_id"] for a in answer.json["answer"]["assignments"]] == [rid]
+    assert sql == [] and api.store.moves == moves
+    with api.store.begin() as conn:
+        last = changes.since(conn, None).generation
+    batched.flush()                                       # one batched write of them
+    with api.store.begin() as conn:
+        node = repo.get_node(conn, "n1")
+        logged = changes.since(conn, last)
+    assert node is not None and json.loads(node.devices)[0]["memory_used_mb"] == 3000
+    assert logged.nodes == {"n1"} and logged.telemetry_only == {"n1"}
+
+
+def test_a_change_of_another_node_leaves_the_heartbeat_in_memory_and_one_of_this_node_reaches_it(  # noqa: E501
+        api: Api, batched: reports.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
+    cred, other = api.join(), api.join("n2")
+    full(api, other, node="n2")
+    rid, digest = placed(api, cred)
+    assert beat(api, cred, digest).status_code == 200
+    monkeypatch.setattr(reports, "GENERATION_TTL_S", 0.0)  # every request reads the log
+    with api.store.begin() as conn:                       # a replica of n2's changes
+        repo.add_replica(conn, "elsewhere", "tiny", "n2", (0,), api.store.now(conn))
+    with statements(api.store) as sql:
+        answer = beat(api, cred, digest)
+    assert [a["replica_id"] for a in answer.json["answer"]["assignments"]] == [rid]
+    touched = [s for s in sql if "nodes" in s or "replicas" in s]
+    assert touched == [], touched                        # not the transaction path
+
+    with api.store.begin() as conn:                       # now n1's own replica stops
+        repo.update_replica(conn, rid, desired=0)
+        repo.add_replica(conn, "mine", "tiny", "n1", (0,), api.store.now(conn))
+    answer = beat(api, cred, digest)
+    assert [a["replica_id"] for a in answer.json["answer"]["assignments"]] == ["mine"]
+
+
+def test_a_replica_state_in_a_heartbeat_is_written(api: Api) -> None:
+    cred = api.join()
+    assert api.call("PUT", "/api/v1/catalog", data=CATALOG).status_code == 200
+    full(api, cred)
+    api.reconciler.run_cycle()
+    answer, digest = full(api, cred)
+    rid = answer["assignments"][0]["replica_id"]
+    ready = [{"id": rid, "model": "tiny", "state": "ready", "port": 41000, "pid": 7}]
+    answer = beat(api, cred, digest, replicas=ready)
+    assert answer.status_code == 200 and answer.json["answer"]["assignments"]
+    with api.store.begin() as conn:
+        row = repo.get_replica(conn, rid)
+    assert row is not None and (row.state, row.port, row.pid) == ("ready", 41000, 7)
+    events = api.call("GET", "/api/v1/events?limit=50").json["events"]
+    assert any(e["kind"] == "ready" and rid in e["message"] for e in events)
+
+
+def test_a_heartbeat_this_process_cannot_place_asks_for_the_full_report(api: Api) -> None:
+    cred = api.join()
+    _, digest = full(api, cred)
+    assert beat(api, cred, "0" * 64).json == {"full_report": True}
+    api.client.application.extensions["llmgw.reports"].reports.clear()   # a restart
+    assert beat(api, cred, digest).json == {"full_report": True}
+    _, newer = full(api, cred, fabric="rack-2")
+    assert beat(api, cred, digest).json == {"full_report": True}   # not the last one sent
+    assert beat(api, cred, newer).json["answer"]["assignments"] == []
+
+
+def test_a_heartbeat_with_a_wrong_or_another_nodes_credential_is_refused(api: Api) -> None:
+    cred, other = api.join(), api.join("n2")
+    _, digest = full(api, cred)
+    assert beat(api, "llmgw-node-" + "x" * 40, digest).status_code == 401
+    assert beat(api, other, digest).status_code == 403
+    assert beat(api, other, "0" * 64).status_code == 403
+
+
+HOSTILE = [
+    ("digest", "not-a-digest", "digest"),
+    ("node", "n 1", "node"),
+    ("replicas", [{"id": f"r{i}", "state": "ready"} for i in range(4097)], "replicas"),
+    ("replicas", [{"id": "r1", "state": "ready"}] * 2, "replicas: id 'r1' appears twice"),
+    ("devices", [{**CPU, "memory_used_mb": -1}], "devices[0].memory_used_mb"),
+    ("sources", ["x"], "sources"),
+]
+
+
+def test_a_hostile_heartbeat_is_a_400_naming_the_field(api: Api) -> None:
+    cred = api.join()
+    _, digest = full(api, cred)
+    moves = api.store.moves
+    for field, value, named in HOSTILE:
+        body = {"node": "n1", "digest": digest, field: value}
+        answer = api.call("POST", HEARTBEAT, cred, json=body)
+        assert answer.status_code == 400, (field, answer.json)
+        assert any(d.startswith(named) for d in answer.json["error"]["details"]), answer.json
+    assert api.store.moves == moves
