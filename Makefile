@@ -133,6 +133,7 @@ bench: $(STAMP) system-deps runtime-deps
 	$(BIN)/python bench/planner_bench.py
 	$(BIN)/python bench/router_bench.py
 	$(BIN)/python bench/control_bench.py
+	$(BIN)/python bench/control_bench.py --controls 2 --quick
 	$(BIN)/python bench/status_bench.py
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/rollout_bench.py

@@ -309,3 +309,33 @@ def leaders(controls: list[Control]) -> dict[str, float]:
             else None
         out[c.name] = float(found.group(1)) if found else math.nan
     return out
+
+
+class DbStats:
+    """The benchmark database's write counters (pg_stat_database) and table sizes."""
+
+    COUNTERS = ("xact_commit", "tup_inserted", "tup_updated", "tup_deleted")
+
+    def __init__(self, url: str) -> None:
+        import psycopg2
+
+        self.conn = psycopg2.connect(url)
+        self.conn.autocommit = True
+
+    def sample(self) -> dict[str, float]:
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT pg_stat_clear_snapshot()")
+            cur.execute(f"SELECT {', '.join(self.COUNTERS)} FROM pg_stat_database "
+                        "WHERE datname = current_database()")
+            row = cur.fetchone()
+        return dict(zip(self.COUNTERS, (float(x) for x in row or ()), strict=True))
+
+    def tables(self, top: int = 8) -> list[tuple[str, int, int]]:
+        """The largest tables: (name, live rows, bytes with indexes and TOAST)."""
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT relname, n_live_tup, pg_total_relation_size(relid) FROM "
+                        "pg_stat_user_tables ORDER BY 3 DESC LIMIT %s", (top,))
+            return [(str(n), int(r), int(b)) for n, r, b in cur.fetchall()]
+
+    def close(self) -> None:
+        self.conn.close()
