@@ -13,14 +13,14 @@ import click
 from ..api import admin as messages
 from ..catalog.spec import parse_duration
 from ..status.changes import replica_state
-from ..status.render import human_bytes, render
+from ..status.render import human_bytes, render, table
 from ..status.summary import location
 from ..status.telling import telling_line
 from ..text import printable_doc
 from .client import DEFAULT_URL, ApiError
 from .common import client, part, say, show
 from .keys import keys
-from .nodes import node_rows, nodes  # noqa: F401 - node_rows: ctl's listing of them
+from .nodes import node_lines, node_rows, nodes  # noqa: F401 - node_rows: ctl's listing
 from .output import ago, emit, output_option, terminal_width
 from .rollout import rollout
 from .usage import usage
@@ -289,11 +289,15 @@ def retry(ctx: click.Context, model: str) -> None:
                    "control service's LLMGW_IDLE_AFTER_S, 15m)")
 @click.option("--color/--no-color", default=None,
               help="colour the output [on a terminal, unless NO_COLOR is set]")
+@click.option("--nodes", "all_nodes", is_flag=True,
+              help="also list every node, one line each (the summary counts them and "
+                   "names the first nodes with problems)")
 @click.pass_context
 def status(ctx: click.Context, fmt: str, watch: bool, interval: float,
-           idle_after: str | None, color: bool | None) -> None:
+           idle_after: str | None, color: bool | None, all_nodes: bool) -> None:
     """How full the fleet is, what is broken, what holds cards nobody uses: one summary
-    (JSON schema: docs/api.md), fitted to the terminal's width."""
+    (JSON schema: docs/api.md), fitted to the terminal's width. Nodes are counted, not
+    listed (at 10,000 nodes the screen stays one screen): --nodes lists them all."""
     path = "/api/v1/status"
     if idle_after is not None:
         try:
@@ -306,10 +310,14 @@ def status(ctx: click.Context, fmt: str, watch: bool, interval: float,
     try:
         while True:
             data = api.get(path)
+            listed = api.get("/api/v1/nodes")["nodes"] if all_nodes else None
             if fmt == "json":
-                text = json.dumps(data, indent=2) + "\n"
+                text = json.dumps(data if listed is None else {**data, "node_list": listed},
+                                  indent=2) + "\n"
             else:
                 text = render(data, terminal_width(), color)
+                if listed is not None:
+                    text += "\n" + every_node(listed, terminal_width())
             if not watch:
                 click.echo(text, nl=False, color=color)   # click strips colour off a TTY
                 return
@@ -319,6 +327,14 @@ def status(ctx: click.Context, fmt: str, watch: bool, interval: float,
             time.sleep(interval)
     except KeyboardInterrupt:
         return
+
+
+def every_node(listed: list[dict[str, Any]], width: int) -> str:
+    """``ctl status --nodes``: a line per node, fitted to ``width``."""
+    rows = node_lines(printable_doc(listed), time.time())
+    lines = table(rows, ("NODE", "FABRIC", "HELD", "HEALTHY", "REPORTED", "PROBLEM"), width,
+                  lambda text, _colour: text)
+    return f"nodes ({len(rows):,}):\n" + "\n".join(lines) + "\n"
 
 
 @ctl.command()

@@ -65,6 +65,21 @@ def node_rows(nodes_: list[dict[str, Any]], now: float) -> list[tuple[str, ...]]
     return rows
 
 
+def node_lines(nodes_: list[dict[str, Any]], now: float) -> list[tuple[str, ...]]:
+    """One row per node (``ctl status --nodes``): its fabric, whether it is cordoned or
+    draining, healthy devices of all, when it last reported, and its problem."""
+    rows: list[tuple[str, ...]] = []
+    for node in nodes_:
+        devices = node.get("devices") or []
+        healthy = sum(1 for d in devices if d.get("healthy", True))
+        state = ("draining" if node.get("draining") else
+                 "cordoned" if node.get("cordoned") else "-")
+        rows.append((node["name"], node.get("fabric") or "-", state,
+                     f"{healthy}/{len(devices)}", ago(node.get("last_report"), now),
+                     node.get("problem") or ""))
+    return rows
+
+
 def maintenance(node: dict[str, Any]) -> str | None:
     """``DRAINING: ...`` or ``CORDONED: ...`` for a node taken out, else None (short: it
     fits an 80-column HEALTH cell)."""

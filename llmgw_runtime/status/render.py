@@ -410,6 +410,17 @@ def problems(s: dict[str, Any], width: int, paint: Paint) -> list[str]:
                      ("MODEL", "WAITING", "REFUSED", "BUSY/SLOTS", "P90 WAIT", "REPORTED"),
                      width, paint)
         out += [more] if more else []
+    found = s.get("node_problems") or {}
+    if found.get("total"):
+        if out:
+            out.append("")
+        out.append(paint(f"nodes with problems ({number(found['total'])}):", "red"))
+        rows, _ = capped(found["nodes"], LIST_CAP, "")
+        out += table([(n["name"], n["problem"]) for n in rows], ("NODE", "PROBLEM"), width,
+                     paint)
+        if found["total"] > len(rows):
+            out.append(f"  ... and {number(found['total'] - len(rows))} more "
+                       "(llmgw ctl status --nodes)")
     return out
 
 

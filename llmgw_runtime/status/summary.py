@@ -28,6 +28,7 @@ AT_CAPACITY_S = 30.0
 # The catalog's routing by prompt prefix (api.catalog.Routing, which the summary does not
 # import: tests/status hold the two equal).
 AFFINITY = "prefix-affinity"
+NODE_PROBLEMS_CAP = 50          # nodes the summary lists by name (all are counted)
 
 
 def device_label(dev: dict[str, Any]) -> str:
@@ -168,6 +169,41 @@ def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
                 "memory_used_mb": round(memory[k][0] - memory[k][1]),
                 "memory_free_mb": round(memory[k][1])}
             for k, v in sorted(counts.items())}
+
+
+def node_problems(nodes: list[dict[str, Any]], now: float, node_timeout_s: float,
+                  cap: int = NODE_PROBLEMS_CAP) -> dict[str, Any]:
+    """Nodes that need a look, by name: silent (``silent for 10m``, ``never reported``),
+    reporting a problem, or with unhealthy devices (``2 unhealthy devices: XID 79``). Their
+    ``total`` and the first ``cap`` of them: at 10,000 nodes a list, not the fleet."""
+    listed: list[dict[str, Any]] = []
+    total = 0
+    for node in nodes:
+        why = []
+        if not node_alive(node, now, node_timeout_s):
+            last = node.get("last_report")
+            why.append("never reported" if last is None else
+                       f"silent for {_ago(now - last)}")
+        if node.get("problem"):
+            why.append(str(node["problem"]))
+        bad = [d for d in node.get("devices") or [] if not d.get("healthy", True)]
+        if bad:
+            reasons = sorted({str(d.get("reason")) for d in bad if d.get("reason")})
+            why.append(f"{len(bad)} unhealthy device{'' if len(bad) == 1 else 's'}"
+                       + (": " + ", ".join(reasons) if reasons else ""))
+        if why:
+            total += 1
+            if len(listed) < cap:
+                listed.append({"name": node["name"], "problem": "; ".join(why)})
+    return {"total": total, "nodes": listed}
+
+
+def _ago(seconds: float) -> str:
+    """``45s``, ``12m``, ``3h``, ``2d``: how long a node has been silent."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(0, int(seconds))}s"
 
 
 def free_whole(node: dict[str, Any], used: set[tuple[str, int]]) -> bool:
@@ -371,6 +407,7 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
                   **{state: sum(1 for n in out_of_service if n["state"] == state)
                      for state in ("cordoned", "draining")}},
         "maintenance": out_of_service,
+        "node_problems": node_problems(nodes, now, node_timeout_s),
         "devices": devices_by_class(nodes, replicas, now, node_timeout_s, used, models),
         "cards_unusable": idle_cards(nodes),
         "replicas": dict(sorted(Counter(r["state"] for r in replicas).items())),
