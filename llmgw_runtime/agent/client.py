@@ -1,12 +1,22 @@
-"""The agent's client of the control service: join, then report (over api.transport)."""
+"""The agent's client of the control service: join, then report, in full or as a heartbeat
+(over api.transport)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 
-from ..api.agent import JoinAnswer, JoinRequest, Report, ReportAnswer
+from ..api.agent import (
+    Heartbeat,
+    HeartbeatAnswer,
+    JoinAnswer,
+    JoinRequest,
+    Report,
+    ReportAnswer,
+    report_digest,
+)
 from ..api.transport import RemoteError, Transport, TransportError
 from ..errors import AuthError, ForbiddenError, LlmgwError
 
@@ -14,14 +24,20 @@ log = logging.getLogger(__name__)
 
 JOIN_PATH = "/api/v1/agent/join"
 REPORT_PATH = "/api/v1/agent/report"
+HEARTBEAT_PATH = "/api/v1/agent/heartbeat"
 
 ControlError = TransportError
+
+
+class NoHeartbeats(LlmgwError):
+    """The control service has no heartbeat endpoint (an older version): report in full."""
 
 
 class ControlClient:
     """Joins with the join token, keeps the node credential in ``credential_path``
     (mode 0600), and reports with it; a 401 on a stored credential rejoins once, showing
-    that credential (a name that has one can only be joined again with it)."""
+    that credential (a name that has one can only be joined again with it). ``digest`` is
+    that of the last full report the control service answered (its heartbeats name it)."""
 
     def __init__(self, control_url: str, join_token: str, node: str, credential_path: Path, *,
                  timeout_s: float = 10.0, ca_certs: str | None = None):
@@ -31,6 +47,7 @@ class ControlClient:
         self._join_token = join_token
         self.node = node
         self.credential_path = Path(credential_path)
+        self.digest: str | None = None
 
     def __repr__(self) -> str:
         return f"ControlClient({self.base!r}, node={self.node!r})"
@@ -53,9 +70,13 @@ class ControlClient:
         os.replace(tmp, self.credential_path)
 
     # -- calls -------------------------------------------------------------------------
-    def _call(self, path: str, token: str, body: JoinRequest | Report,
-              answer: type[JoinAnswer] | type[ReportAnswer]) -> JoinAnswer | ReportAnswer:
+    def _call(self, path: str, token: str, body: JoinRequest | Heartbeat | bytes,
+              answer: type[JoinAnswer] | type[ReportAnswer] | type[HeartbeatAnswer],
+              ) -> JoinAnswer | ReportAnswer | HeartbeatAnswer:
         try:
+            if isinstance(body, bytes):
+                return self.transport.call("POST", path, data=body, answer=answer,
+                                           token=token)
             return self.transport.call("POST", path, body, answer=answer, token=token)
         except RemoteError as exc:
             text = f"{path}: HTTP {exc.status}: {exc}"
@@ -76,13 +97,39 @@ class ControlClient:
         return answer.credential
 
     def report(self, payload: Report) -> ReportAnswer:
-        """Post a report; returns the parsed answer (assignments, report_interval_s)."""
+        """Post a full report; returns the parsed answer (assignments, report_interval_s)
+        and keeps the digest of the body as sent (:attr:`digest`)."""
+        body = json.dumps(payload.model_dump(mode="json", by_alias=True, exclude_unset=True),
+                          allow_nan=False).encode()
+        self.digest = None                  # unknown until answered: no heartbeat names it
         credential = self.credential()
         token = credential if credential is not None else self.join()
         try:
-            answer = self._call(REPORT_PATH, token, payload, ReportAnswer)
+            answer = self._call(REPORT_PATH, token, body, ReportAnswer)
         except AuthError:
             log.warning("node credential refused by %s; joining again", self.base)
-            answer = self._call(REPORT_PATH, self.join(), payload, ReportAnswer)
+            answer = self._call(REPORT_PATH, self.join(), body, ReportAnswer)
         assert isinstance(answer, ReportAnswer)
+        self.digest = report_digest(body)
+        return answer
+
+    def heartbeat(self, beat: Heartbeat) -> HeartbeatAnswer:
+        """Post a heartbeat (the node's stored credential; a refused one makes the caller
+        send its full report, which joins again). :class:`NoHeartbeats` when the control
+        service has no such endpoint."""
+        token = self.credential()
+        if token is None:
+            raise AuthError("no node credential yet; send the full report")
+        try:
+            answer = self.transport.call("POST", HEARTBEAT_PATH, beat,
+                                         answer=HeartbeatAnswer, token=token)
+        except RemoteError as exc:
+            text = f"{HEARTBEAT_PATH}: HTTP {exc.status}: {exc}"
+            if exc.status in (404, 405):
+                raise NoHeartbeats(text) from None
+            if exc.status == 401:
+                raise AuthError(text) from None
+            if exc.status == 403:
+                raise ForbiddenError(text) from None
+            raise LlmgwError(text) from None
         return answer

@@ -1,27 +1,47 @@
-"""The agent loop: discover devices, report, apply the assignments; again and again."""
+"""The agent loop: discover devices, report, apply the assignments; again and again.
+
+A cycle sends the full report when it is the first, when anything but the replicas' states
+and the devices' readings changed since the last full report, when the control service
+asks for it (``full_report``), and at least every ``FULL_REPORT_EVERY_S``; otherwise a
+heartbeat (api/agent.py ``Heartbeat``) naming that report's digest, with the replicas and
+the devices when they differ from that report's. Once a heartbeat carried them, every
+heartbeat carries them until the next full report, so whichever control process answers,
+a heartbeat without them means "as in the full report". A control service without the
+heartbeat endpoint (an older version) gets full reports only."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
 from .. import __version__
-from ..api.agent import Report
+from ..api.agent import FULL_REPORT_EVERY_S, DeviceReport, Heartbeat, Report, ReportAnswer
 from ..api.fields import clean
 from ..api.parse import parse
 from ..devices import DeviceSource, Discovery, source_from_spec
 from ..engines import drivers_from_config
-from ..errors import LlmgwError
+from ..errors import AuthError, LlmgwError
 from ..weights.scan import Scanner
-from .client import ControlClient
+from .client import ControlClient, NoHeartbeats
 from .config import AgentConfig
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+# What a device's heartbeat may change; a change of anything else of it is a full report.
+READINGS = {"memory_used_mb", "processes", "temperature_c", "power_w", "utilization_pct",
+            "healthy", "reason"}
+CHANGING = ("replicas", "devices")      # what a heartbeat carries
+
+
+def _identity(devices: list[DeviceReport]) -> list[dict[str, Any]]:
+    return [d.model_dump(exclude=READINGS) for d in devices]
+
 
 class Agent:
     """One node's agent. ``run_cycle`` does one report round; the parts are passed in."""
@@ -41,6 +61,10 @@ class Agent:
         self.sources: list[str] = []
         self.sources_hash = ""
         self.scanner = Scanner(config.weights_dirs, interval_s=config.weights_scan_interval_s)
+        self.heartbeats = True              # False: the control service has none (older)
+        self._sent: Report | None = None    # the last full report answered
+        self._sent_at = 0.0                 # when (time.monotonic)
+        self._carried: set[str] = set()     # of CHANGING: in a heartbeat since it
 
     @classmethod
     def from_config(cls, config: AgentConfig) -> Agent:
@@ -111,7 +135,7 @@ class Agent:
         """Report and apply the answer. Never raises for a failed cycle: logs it (with a
         traceback when unexpected) and returns the seconds to wait before the next one."""
         try:
-            answer = self.client.report(self.build_report())
+            answer = self._exchange(self.build_report())
             self.supervisor.apply([a.model_dump(mode="json", exclude_unset=True)
                                    for a in answer.assignments])
             if answer.sources is not None:
@@ -124,6 +148,41 @@ class Agent:
         except Exception:
             log.exception("agent cycle failed unexpectedly; continuing")
         return self.interval_s
+
+    def _exchange(self, report: Report) -> ReportAnswer:
+        """Send ``report`` as a heartbeat when it may be one, else (or when the control
+        service asks for it) in full; returns the answer."""
+        beat = self.heartbeat_of(report)
+        if beat is not None:
+            try:
+                got = self.client.heartbeat(beat)
+            except NoHeartbeats:
+                log.info("the control service at %s takes no heartbeats (an older version); "
+                         "sending full reports", self.client.base)
+                self.heartbeats = False
+            except AuthError:
+                pass                        # the full report joins again
+            else:
+                if not got.full_report and got.answer is not None:
+                    self._carried.update(k for k in CHANGING if getattr(beat, k) is not None)
+                    return got.answer
+        self._sent = None                   # until this one is answered
+        answer = self.client.report(report)
+        self._sent, self._sent_at, self._carried = report, time.monotonic(), set()
+        return answer
+
+    def heartbeat_of(self, report: Report) -> Heartbeat | None:
+        """The heartbeat that says ``report``, or None when it must be sent in full."""
+        sent, digest = self._sent, self.client.digest
+        if not self.heartbeats or sent is None or digest is None or report.stopping \
+                or time.monotonic() - self._sent_at >= FULL_REPORT_EVERY_S:
+            return None
+        if _identity(report.devices) != _identity(sent.devices) or \
+                report.model_dump(exclude=set(CHANGING)) != sent.model_dump(exclude=set(CHANGING)):
+            return None
+        carried = {k: getattr(report, k) for k in CHANGING
+                   if k in self._carried or getattr(report, k) != getattr(sent, k)}
+        return Heartbeat(node=report.node, digest=digest, **carried)
 
     def stop_engines(self, why: str) -> None:
         """Stop every engine of this node, then say so in a last report, so that the
