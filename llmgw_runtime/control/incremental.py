@@ -17,10 +17,14 @@ after every pass of randomised operations), reading:
   read whole, one the view has that the read lacks is dropped.
 
 Everything is read again on the first pass, after :meth:`View.reset` (the reconciler calls
-it when it takes the lease and when a pass fails), when the log says so
-(``Changed.everything``: a kind 'all' entry, or the log was pruned past the last pass), and
-every ``full_every`` passes (:data:`FULL_EVERY`): the periodic full check, which bounds how
-long anything written outside these rules could go unseen.
+it when it takes the lease and when a pass fails) and when the log says so
+(``Changed.everything``: a kind 'all' entry, or the log was pruned past the last pass).
+The periodic full check is rolling: each pass also reads again the rows whose key hashes
+to its turn, so every row is read again once every ``full_every`` passes
+(:data:`FULL_EVERY`, about a minute), which bounds how long anything written outside these
+rules could go unseen, at a sixtieth of a full read each pass instead of a full read (and
+a pass that makes every planner view again) once a minute. A row read again unchanged
+stays the same object, so the planner views made of it (control/snapshot.py) are kept.
 
 Why this equals a full read: the change log's entries carry the generation of the
 transaction that wrote them, in commit order (store/db.py ``bump``), and ``since`` is read
@@ -51,7 +55,7 @@ from ..store.schema import replica_parts
 from ..store.schema import replicas as replicas_table
 from .decide import Fleet
 
-FULL_EVERY = 60        # passes between full reads (about a minute at the default interval)
+FULL_EVERY = 60        # every row is read again once in this many passes (rolling)
 CHUNK = 500            # keys per IN (...) read (SQLite's older builds allow 999)
 
 NODE_VOLATILE = ("last_report", "plan_problem")
@@ -86,6 +90,13 @@ def _chunks(keys: Iterable[str]) -> Iterable[list[str]]:
         yield ordered[i:i + CHUNK]
 
 
+def _same(old: Any, new: Any) -> Any:
+    """``old`` when it holds what ``new`` does, else ``new``: a row read again unchanged
+    stays the same object, so what a pass made of it is made again only when it changed
+    (control/snapshot.py ``Memo``)."""
+    return old if old is not None and vars(old) == vars(new) else new
+
+
 def _patched(row: SimpleNamespace, values: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(**{**vars(row), **values})
 
@@ -116,17 +127,24 @@ class View:
     def refresh(self, conn: Connection) -> Fleet:
         """Bring the view up to the store as this transaction reads it; the fleet."""
         changed = changes.since(conn, self.generation)
-        if changed.everything or self.generation is None or self.passes >= self.full_every:
+        if changed.everything or self.generation is None:
             self._read_all(conn)
         else:
+            gc.freeze()      # what the last pass kept (planner views): out of collections
             self.passes += 1
             self.last_full = False
-            self._read_models(conn, changed.models)
-            self._read_nodes(conn, changed.nodes)
-            self._read_replicas(conn, changed.replicas)
+            turn = self.passes % self.full_every
+            self._read_models(conn, changed.models | self._slice(self.models, turn))
+            self._read_nodes(conn, changed.nodes | self._slice(self.nodes, turn))
+            self._read_replicas(conn, changed.replicas | self._slice(self.replicas, turn))
             self._volatile(conn)
         self.generation = changed.generation
         return self.fleet()
+
+    def _slice(self, rows: dict[str, Any], turn: int) -> set[str]:
+        """The keys this pass reads again whatever the log says: those whose hash falls
+        on ``turn``, so that every row is read again once every ``full_every`` passes."""
+        return {k for k in rows if hash(k) % self.full_every == turn}
 
     def fleet(self) -> Fleet:
         if self._ordered is None:
@@ -138,9 +156,19 @@ class View:
     # ------------------------------------------------------------ reads
 
     def _read_all(self, conn: Connection) -> None:
-        self.models = {m.name: record(m) for m in repo.list_models(conn, deleted=True)}
-        self.nodes = {n.name: node_record(n) for n in repo.list_nodes(conn)}
-        self.replicas = {r.id: record(r) for r in repo.list_replicas(conn)}
+        """Read everything. The garbage collector then collects once, over everything,
+        and the rows (long-lived) are frozen out of later collections, with what each
+        pass keeps (:meth:`refresh`): a collection that walked the whole fleet's rows
+        and planner views would cost a pass tens of milliseconds now and then."""
+        gc.unfreeze()
+        gc.collect()
+        models, nodes, replicas = self.models, self.nodes, self.replicas
+        self.models = {m.name: _same(models.get(m.name), record(m))
+                       for m in repo.list_models(conn, deleted=True)}
+        self.nodes = {n.name: _same(nodes.get(n.name), node_record(n))
+                      for n in repo.list_nodes(conn)}
+        self.replicas = {r.id: _same(replicas.get(r.id), record(r))
+                         for r in repo.list_replicas(conn)}
         self.parts = {rid: [record(p) for p in parts]
                       for rid, parts in repo.parts_by_replica(conn).items()}
         self._ordered = None
@@ -148,7 +176,7 @@ class View:
         self.passes = 0
         self.last_full = True
         self.fulls += 1
-        gc.freeze()      # the rows live long: keep them out of every garbage collection
+        gc.freeze()
 
     def _read_models(self, conn: Connection, names: Iterable[str]) -> None:
         names = set(names)
@@ -200,15 +228,20 @@ class View:
                                   .order_by(replica_parts.c.replica_id, replica_parts.c.rank)):
                 parts.setdefault(p.replica_id, []).append(record(p))
             for rid in chunk:
+                before = self.replicas.get(rid)
                 if rid in rows:
-                    self.replicas[rid] = rows[rid]
+                    self.replicas[rid] = _same(before, rows[rid])
                 else:
                     self.replicas.pop(rid, None)
+                old = self.parts.get(rid)
                 if rid in parts:
-                    self.parts[rid] = parts[rid]
+                    same = old is not None and len(old) == len(parts[rid]) and all(
+                        vars(a) == vars(b) for a, b in zip(old, parts[rid], strict=True))
+                    self.parts[rid] = old if same and old is not None else parts[rid]
                 else:
                     self.parts.pop(rid, None)
-        self._ordered = None
+                if self.replicas.get(rid) is not before:
+                    self._ordered = None
 
     @staticmethod
     def _merged(rows: dict[str, SimpleNamespace], found: dict[str, SimpleNamespace],
@@ -219,7 +252,7 @@ class View:
         out = dict(rows)
         for key in asked:
             if key in found:
-                out[key] = found[key]
+                out[key] = _same(rows.get(key), found[key])
             else:
                 out.pop(key, None)
         if added:

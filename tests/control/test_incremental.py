@@ -22,6 +22,7 @@ from llmgw_runtime.control.incremental import View
 from llmgw_runtime.control.reconcile import PassTimes
 from llmgw_runtime.errors import LlmgwError
 from llmgw_runtime.store import Store, repo
+from llmgw_runtime.store.schema import nodes
 
 from .conftest import CPU, Api
 
@@ -205,21 +206,30 @@ def test_the_incremental_view_never_diverges_from_a_full_read(api: Api) -> None:
     assert placed, "the operations left replicas to compare"
 
 
-def test_a_steady_pass_reads_nothing_whole_and_every_nth_pass_reads_all(store: Store) -> None:
+def test_what_no_log_entry_names_is_read_again_within_full_every_passes(
+        store: Store) -> None:
+    """The rolling full check: a column changed behind the change log's back (here by
+    hand) reaches the view within ``full_every`` passes, without a full read."""
     with store.begin() as conn:
         now = store.now(conn)
-        repo.set_node_credential(conn, "n1", "c" * 64, now)
-    view = View(full_every=3)
-    fulls = []
-    for _ in range(8):
+        for i in range(8):
+            repo.set_node_credential(conn, f"n{i}", f"{i}" * 64, now)
+    view = View(full_every=4)
+    with store.begin() as conn:
+        view.refresh(conn)
+    with store.begin() as conn:
+        conn.execute(nodes.update().values(engines='["vllm"]'))
+    seen = []
+    for _ in range(4):
         with store.begin() as conn:
-            view.refresh(conn)
-        fulls.append(view.last_full)
-    assert fulls == [True, False, False, False, True, False, False, False]
+            fleet_ = view.refresh(conn)
+        seen.append(sum(n.engines == '["vllm"]' for n in fleet_.nodes.values()))
+    assert seen[-1] == 8 and seen[0] < 8, seen
+    assert view.fulls == 1
     view.reset()
     with store.begin() as conn:
         view.refresh(conn)
-    assert view.last_full
+    assert view.last_full and view.fulls == 2
 
 
 def test_the_passes_are_logged_every_10s_in_the_line_the_benchmarks_read(
