@@ -28,8 +28,8 @@ from .states import failing, model_state
 class Decoded:
     """Nodes' JSON columns decoded once per text, kept between requests: the devices of a
     node by its name (decoded again only when its text changed), the engines, weights and
-    hardware by text (most nodes of a large fleet report the same); node and model rows as
-    dicts by their values. What it returns is shared between requests: callers read it, never
+    hardware by text (most nodes of a large fleet report the same); node, model and replica
+    rows as dicts by their values. What it returns is shared between requests: callers read it, never
     change it. Bounded: each map starts over when it holds more than ``limit`` entries."""
 
     def __init__(self, limit: int = 100_000) -> None:
@@ -39,6 +39,7 @@ class Decoded:
         self._texts: dict[str, Any] = {}
         self._models: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._nodes: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._replicas: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._at: dict[int, int] = {}       # row length -> index of last_report
 
     def devices(self, name: str, text: str) -> Any:
@@ -74,6 +75,21 @@ class Decoded:
                 if len(self._models) >= self.limit:
                     self._models.clear()
                 self._models[key] = found
+        return dict(found)
+
+    def replica(self, row: Any, parts: list[Any] | None, now: float) -> dict[str, Any]:
+        """``fleet.replica_view(row, parts, now)`` (a copy), kept by the row's and its
+        parts' values while it does not drain (a drain's view moves with ``now``)."""
+        if drain.is_draining(row):
+            return replica_view(row, parts, now)
+        key = (tuple(row), *(tuple(p) for p in parts or ()))
+        found = self._replicas.get(key)
+        if found is None:
+            found = replica_view(row, parts, now)
+            with self._lock:
+                if len(self._replicas) >= self.limit:
+                    self._replicas.clear()
+                self._replicas[key] = found
         return dict(found)
 
     def node(self, row: Any) -> dict[str, Any]:
@@ -159,7 +175,7 @@ def read(conn: Connection, now: float, settings: Settings, *, nodes: bool = True
         parts = repo.parts_by_replica(conn)
         models = models_of(repo.list_models(conn), replica_rows, now, settings.backoff)
         node_dicts = [DECODED.node(n) for n in repo.list_nodes(conn)] if nodes else []
-        replicas = [replica_view(r, parts.get(r.id), now) for r in replica_rows]
+        replicas = [DECODED.replica(r, parts.get(r.id), now) for r in replica_rows]
     return Rows(now, models, node_dicts, replicas)
 
 

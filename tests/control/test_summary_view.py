@@ -40,9 +40,14 @@ def test_the_summary_view_answers_what_the_fleet_layer_does(api: Api) -> None:
             conn.execute(nodes.update().where(nodes.c.name == "node-007").values(
                 devices=json.dumps([{**CPU, "memory_used_mb": used}])))
             repo.set_node_drain(conn, "node-009", True, None)
+            repo.update_replica(conn, "r-05", state="ready" if used == 900 else "starting")
             now = time.time()
             for row in repo.list_nodes(conn):
                 assert summary_view.DECODED.node(row) == fleet.node_view(row)
+            parts = repo.parts_by_replica(conn)
+            for rep in repo.list_replicas(conn):
+                assert summary_view.DECODED.replica(rep, parts.get(rep.id), now) \
+                    == fleet.replica_view(rep, parts.get(rep.id), now)
             ours = summary_view.summary(conn, now, settings, idle_after_s=900.0, store={})
             theirs = fleet.summary(conn, now, settings, idle_after_s=900.0, store={})
         assert ours == theirs
