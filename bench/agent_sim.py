@@ -10,7 +10,8 @@ ready. With ``reports: heartbeat`` it speaks the heartbeat protocol as the real 
 states and its devices' readings changed, when answered ``full_report``, and at least every
 ``FULL_REPORT_EVERY_S`` (the first of these at a random point of that span, so a short run
 sees the steady share of them); a heartbeat otherwise, carrying its replicas and devices
-only when they changed. With ``reports: full`` every report is a full report.
+when they differ from the last full report (and in every heartbeat from then on until the
+next full report). With ``reports: full`` every report is a full report.
 
 Open loop: agent ``i`` of ``n`` sends at ``t0 + i/n * period + k * period``; latency is
 measured from that scheduled time, so time spent queued behind a slow server counts.
@@ -147,7 +148,9 @@ class SimAgent:
         self.sent_replicas: Any = None
         self.sent_devices: Any = None
         self.full_due = 0.0
+        self.carried: set[str] = set()                  # in every heartbeat until a full one
         self._beat: bytes | None = None
+        self._beat_keys: list[str] = []
 
     # ---------------------------------------------------------------- what it says
 
@@ -202,7 +205,9 @@ class SimAgent:
         return json.dumps({k: v for k, v in body.items() if k not in ("replicas", "devices")})
 
     def heartbeat_request(self, now: float) -> bytes | None:
-        """The heartbeat to send, or None when a full report is due."""
+        """The heartbeat to send, or None when a full report is due. As the real agent
+        (agent/loop.py): the replicas and the devices when they differ from the last full
+        report, and from then on in every heartbeat until the next full report."""
         if self.digest is None or now >= self.full_due:
             return None
         if self._beat is None:
@@ -210,10 +215,11 @@ class SimAgent:
             if self._static() != self.sent_static:
                 return None
             beat: dict[str, Any] = {"node": self.name, "digest": self.digest}
-            if body["replicas"] != self.sent_replicas:
+            if "replicas" in self.carried or body["replicas"] != self.sent_replicas:
                 beat["replicas"] = body["replicas"]
-            if body["devices"] != self.sent_devices:
+            if "devices" in self.carried or body["devices"] != self.sent_devices:
                 beat["devices"] = body["devices"]
+            self._beat_keys = [k for k in ("replicas", "devices") if k in beat]
             self._beat = loadgen.build_request(self.host, self.port, HEARTBEAT,
                                                json.dumps(beat).encode(), self.credential)
         return self._beat
@@ -224,15 +230,13 @@ class SimAgent:
         self.digest = hashlib.sha256(self._full_raw).hexdigest()
         self.sent_static = self._static()
         self.sent_replicas, self.sent_devices = body["replicas"], body["devices"]
+        self.carried = set()
         self.full_due = now + (random.uniform(0, FULL_REPORT_EVERY_S) if first
                                else FULL_REPORT_EVERY_S)
         self._beat = None
 
     def sent_beat(self) -> None:
-        body = self.body()
-        if body["replicas"] != self.sent_replicas or body["devices"] != self.sent_devices:
-            self.sent_replicas, self.sent_devices = body["replicas"], body["devices"]
-            self._beat = None
+        self.carried.update(self._beat_keys)
 
     def absorb(self, data: dict[str, Any]) -> None:
         """Run what the answer assigns (as ready at once); drop what it no longer lists."""

@@ -85,7 +85,7 @@ class Bench:
                         "sim": self.sim.proc.pid})
         self.db = DbStats(url)
         self.rows: list[dict[str, Any]] = []
-        self.catalog_extra = False
+        self.catalog_more = False
 
     def stop(self) -> None:
         self.db.close()
@@ -95,22 +95,33 @@ class Bench:
 
     # ------------------------------------------------------------ the steps
 
-    def apply(self, extra: bool) -> float:
+    def apply(self, more: bool) -> tuple[float, int]:
+        """PUT the catalog (through the first host); returns its seconds and HTTP status."""
         started = time.perf_counter()
         status, body = self.controls[0].call(
-            "PUT", "/api/v1/catalog", catalog_json(self.args.models, 2, extra),
+            "PUT", "/api/v1/catalog", catalog_json(self.args.models, 2, more),
             content_type="application/yaml")
-        if status != 200:
-            raise RuntimeError(f"applying the catalog failed: HTTP {status} {body[:300]!r}")
-        self.catalog_extra = extra
-        return time.perf_counter() - started
+        took = time.perf_counter() - started
+        if status == 200:
+            self.catalog_more = more
+        else:
+            print(f"applying the catalog: HTTP {status} after {took:.1f} s {body[:200]!r}",
+                  flush=True)
+        return took, status
 
     def place(self) -> None:
-        first = min(self.args.sizes[0], 250)
-        need = -(-self.args.models * 2 // 8)
-        self.sim.call("grow", total=max(first, need), rate=self.args.grow_rate)
+        first = max(min(self.args.sizes[0], 250), -(-self.args.models * 2 // 8))
+        took = self.sim.call("join", total=first)["took_s"]
+        print(f"{first} agents joined in {took:.1f} s (the others join as the fleet grows)",
+              flush=True)
+        self.sim.call("grow", total=first, rate=self.args.grow_rate)
         time.sleep(self.sim.period + 1)               # every node has reported its devices
-        self.apply(False)
+        for _ in range(3):                            # a 503 says when to retry
+            if self.apply(False)[1] == 200:
+                break
+            time.sleep(5)
+        else:
+            raise RuntimeError("the catalog could not be applied")
         took = self.controls[0].wait_placed(self.args.models * 2, 300)
         print(f"{self.args.models} models, {self.args.models * 2} replicas placed and ready "
               f"in {took:.0f} s", flush=True)
@@ -122,7 +133,7 @@ class Bench:
             self.sim.period = period
         spread = self.sim.call("grow", total=agents, rate=self.args.grow_rate)["spread_s"]
         time.sleep(spread + period * self.args.settle)
-        applies: list[float] = []
+        applies: list[tuple[float, int]] = []
         stop_applying = threading.Event()
         if churn:
             self.sim.call("churn", per_min=CHURN_PER_MIN)
@@ -157,17 +168,15 @@ class Bench:
         print(line(row, self.controls), flush=True)
         return row
 
-    def _applies(self, took: list[float], stop: threading.Event) -> None:
+    def _applies(self, took: list[tuple[float, int]], stop: threading.Event) -> None:
         while not stop.is_set():
-            took.append(self.apply(not self.catalog_extra))
+            took.append(self.apply(not self.catalog_more))
             stop.wait(APPLY_EVERY_S)
 
     def run(self) -> None:
         a = self.args
         self.sim.call("init", period=INTERVAL if a.sizes[0] >= 1000 else 5.0)
         self.sim.period = INTERVAL if a.sizes[0] >= 1000 else 5.0
-        t = self.sim.call("join", total=max(a.sizes))["took_s"]
-        print(f"{max(a.sizes)} agents joined in {t:.0f} s", flush=True)
         self.place()
         ceiling: float | None = None      # the highest rate that held, once one did not
         for n in a.sizes:
@@ -206,6 +215,8 @@ def line(r: dict[str, Any], controls: list[Control]) -> str:
         errs += f"{', ' if errs else ''}{r['late']} unanswered"
     hosts = "/".join(f"{x:.0f}" for x in r["host_rates"]) if len(controls) > 1 else ""
     k, p, db = r["kinds"], r["passes"], r["db_per_s"]
+    applies = "  applies " + ", ".join(f"{s:.1f} s" + ("" if code == 200 else f" HTTP {code}")
+                                       for s, code in r["applies_s"]) if r["applies_s"] else ""
     passes = f"{p['p99_ms']:.0f}/{p['max_ms']:.0f}" if p else "n/a"
     return (f"{r['scenario']:>5} {r['agents']:>6} {r['period_s']:>5.1f} {r['target_rate']:>7.0f} "
             f"{r['rate']:>8.1f}{' (' + hosts + ')' if hosts else ''} {r['p50_ms']:>7.1f} "
@@ -214,7 +225,7 @@ def line(r: dict[str, Any], controls: list[Control]) -> str:
             f"cpu% ctl {ctl} pg {cpu['postgres']:.0f} sim {cpu['sim']:.0f} "
             f"bench {cpu['bench']:.0f} other {cpu['other']:.0f}  "
             f"ms/report {r['control_cpu_ms']:.2f}+{r['postgres_cpu_ms']:.2f}  "
-            f"pass p99/max ms {passes}  db/s commits {db['xact_commit']:.0f} rows "
+            f"pass p99/max ms {passes}{applies}  db/s commits {db['xact_commit']:.0f} rows "
             f"+{db['tup_inserted']:.0f} ~{db['tup_updated']:.0f} -{db['tup_deleted']:.0f}"
             + (f"  ({errs})" if errs else "")
             + ("" if r["held"] else "  SATURATED"))
