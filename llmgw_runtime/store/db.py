@@ -189,8 +189,12 @@ def bump(conn: Connection, changed: Iterable[tuple[str, str]] | None = None) -> 
     serialises committing writers, so the generations entries carry are in commit order: a
     reader that sees generation G committed finds every entry up to G."""
     row = generations.c
-    value = conn.execute(generations.update().where(row.name == "fleet")
-                         .values(value=row.value + 1).returning(row.value)).scalar()
+    move = generations.update().where(row.name == "fleet").values(value=row.value + 1)
+    if conn.dialect.update_returning:
+        value = conn.execute(move.returning(row.value)).scalar()
+    else:                                   # SQLite before 3.35: the write lock is held
+        conn.execute(move)
+        value = conn.execute(sa.select(row.value).where(row.name == "fleet")).scalar()
     if value is None:
         conn.execute(generations.insert().values(name="fleet", value=1))
         value = 1

@@ -1,15 +1,19 @@
 """The report path (control/reports.py): what a report changes, table-tested; and what a
 steady node's report answered from a process's caches still guarantees when another
-process (another gunicorn worker, the reconciler) changes the fleet."""
+process (another gunicorn worker, the reconciler) changes the fleet, and that a change of
+one node leaves the others' reports in the caches."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from llmgw_runtime.api.agent import ReplicaReport, Report
 from llmgw_runtime.control import reports
@@ -126,6 +130,46 @@ def test_a_replica_placed_by_another_process_reaches_the_agent(two: list[Api]) -
     assert assignment["model"] == "tiny"
 
 
+def test_a_change_of_one_node_sends_only_that_nodes_next_report_through_a_transaction(
+        two: list[Api]) -> None:
+    """Per-node invalidation (issue 30): an old agent's full report stays answered from
+    the caches when another node's replica changes in another process."""
+    a, b = two
+    assert b.call("PUT", "/api/v1/catalog", data=CATALOG).status_code == 200
+    creds = {n: a.join(n) for n in ("n1", "n2")}
+    for _ in range(2):
+        for node, cred in creds.items():
+            assert a.report(cred, node=node).status_code == 200     # cached the second time
+    with b.store.begin() as conn:                   # another process adds n2 a replica
+        repo.add_replica(conn, "r2", "tiny", "n2", (0,), b.store.now(conn))
+    settle()
+    checked: dict[str, list[str]] = {}
+    for node, cred in creds.items():
+        with credential_lookups(a.store) as seen:
+            answer = a.report(cred, node=node)
+        checked[node] = seen
+        assert answer.status_code == 200
+    assert checked["n1"] == [] and len(checked["n2"]) == 1
+    assert [x["replica_id"] for x in a.report(creds["n2"], node="n2").json["assignments"]] \
+        == ["r2"]
+
+
+@contextlib.contextmanager
+def credential_lookups(store: Store) -> Iterator[list[str]]:
+    """The statements that look a node credential up (the transaction path's first)."""
+    seen: list[str] = []
+
+    def note(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        if "credential_hash" in sql:
+            seen.append(sql)
+
+    event.listen(store.engine, "before_cursor_execute", note)
+    try:
+        yield seen
+    finally:
+        event.remove(store.engine, "before_cursor_execute", note)
+
+
 def test_an_agent_back_after_stopping_is_used_again_whichever_worker_hears_it(
         two: list[Api]) -> None:
     a, b = two
@@ -177,6 +221,7 @@ def test_batched_heartbeats_never_move_a_node_backwards_nor_revive_it(store: Sto
     assert sorted(forgotten) == ["stopped", "up"]        # their next reports: in full
     with store.begin() as conn:
         up, stopped = repo.get_node(conn, "up"), repo.get_node(conn, "stopped")
+    assert up is not None and stopped is not None
     assert up.last_report == pytest.approx(now + 2) and up.devices == '[{"id": 0}]'
     assert stopped.last_report is None
 
