@@ -39,7 +39,6 @@ name, replicas by model and start.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
@@ -130,7 +129,6 @@ class View:
         if changed.everything or self.generation is None:
             self._read_all(conn)
         else:
-            gc.freeze()      # what the last pass kept (planner views): out of collections
             self.passes += 1
             self.last_full = False
             turn = self.passes % self.full_every
@@ -156,12 +154,7 @@ class View:
     # ------------------------------------------------------------ reads
 
     def _read_all(self, conn: Connection) -> None:
-        """Read everything. The garbage collector then collects once, over everything,
-        and the rows (long-lived) are frozen out of later collections, with what each
-        pass keeps (:meth:`refresh`): a collection that walked the whole fleet's rows
-        and planner views would cost a pass tens of milliseconds now and then."""
-        gc.unfreeze()
-        gc.collect()
+        """Read everything; rows that did not change stay the objects they were."""
         models, nodes, replicas = self.models, self.nodes, self.replicas
         self.models = {m.name: _same(models.get(m.name), record(m))
                        for m in repo.list_models(conn, deleted=True)}
@@ -176,7 +169,6 @@ class View:
         self.passes = 0
         self.last_full = True
         self.fulls += 1
-        gc.freeze()
 
     def _read_models(self, conn: Connection, names: Iterable[str]) -> None:
         names = set(names)
