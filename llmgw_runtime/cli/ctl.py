@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from ..api import admin as messages
 from ..catalog.spec import parse_duration
 from ..status.changes import replica_state
 from ..status.render import human_bytes, render, table
@@ -20,10 +19,13 @@ from ..text import printable_doc
 from .client import DEFAULT_URL, ApiError
 from .common import client, part, say, show
 from .keys import keys
+from .lazy import lazy
 from .nodes import node_lines, node_rows, nodes  # noqa: F401 - node_rows: ctl's listing
 from .output import ago, emit, output_option, terminal_width
 from .rollout import rollout
 from .usage import usage
+
+messages = lazy("llmgw_runtime.api.admin")   # loaded when a command uses it
 
 URL_HELP = ("the control service [$LLMGW_CONTROL_URL, else the URL a running `llmgw up` "
             f"wrote in its state directory, else {DEFAULT_URL}]")

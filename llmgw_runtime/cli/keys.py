@@ -14,12 +14,14 @@ from typing import Any
 
 import click
 
-from ..api import admin as messages
 from ..catalog.spec import parse_duration
 from ..status.render import largest_unit
 from ..text import printable
 from .common import client, part, request_body, say, show
+from .lazy import lazy
 from .output import ago, output_option
+
+messages = lazy("llmgw_runtime.api.admin")   # loaded when a command uses it
 
 PRIORITY = click.Choice(("high", "normal", "low"))
 PRIORITY_HELP = ("its requests' turn in a model's queue when every slot is busy: high keys' "

@@ -11,12 +11,14 @@ from typing import Any
 
 import click
 
-from ..api import admin as messages
 from ..catalog.spec import parse_duration
 from ..status.render import duration
 from ..status.summary import device_label
 from .common import client, part, request_body, say, show
+from .lazy import lazy
 from .output import ago, output_option
+
+messages = lazy("llmgw_runtime.api.admin")   # loaded when a command uses it
 
 POLL_S = 2.0          # how often --wait asks how the drain goes
 

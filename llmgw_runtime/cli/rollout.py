@@ -11,10 +11,12 @@ from typing import Any
 
 import click
 
-from ..api import admin as messages
 from ..status.render import duration, table
 from .common import client, part, say
+from .lazy import lazy
 from .output import output_option, terminal_width
+
+messages = lazy("llmgw_runtime.api.admin")   # loaded when a command uses it
 
 POLL_S = 2.0          # how often --watch asks
 
