@@ -301,7 +301,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="a smoke check: 200 models, 1,000 and 2,000 agents, 8 s windows")
     ap.add_argument("--controls", type=int, choices=(1, 2), default=1,
                     help="control services on the one PostgreSQL (agents spread over them)")
-    ap.add_argument("--reports", choices=("heartbeat", "full"), default="full",
+    ap.add_argument("--reports", choices=("heartbeat", "full"), default="heartbeat",
                     help="what the simulated agents send between changes")
     ap.add_argument("--sizes", default="", help="fleet sizes of the curve "
                     "[1000,2000,5000,10000; --quick 1000,2000]")
