@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from operator import attrgetter
 from typing import Any
 
 from ..fleetvocab import held_sources
@@ -71,6 +72,8 @@ class Memo:
 
 
 NODES, REPLICAS = Memo(), Memo()
+_NODE_KEY = attrgetter("name", "devices", "engines", "weights", "last_report", "fabric")
+_REPLICA_KEY = attrgetter("id", "model", "node", "devices", "state", "started", "desired")
 
 
 def _cordoned(row: Any) -> bool:
@@ -81,8 +84,7 @@ def _cordoned(row: Any) -> bool:
 def node_view(row: Any) -> NodeView:
     """The planner's view of a node's row (remembered: a pass makes one of every node each
     second and most are as they were)."""
-    values = (row.name, row.devices, row.engines, row.weights, row.last_report, row.fabric,
-              _cordoned(row))
+    values = (*_NODE_KEY(row), _cordoned(row))
     view = NODES.get(row, values)
     if view is not None:
         return view  # type: ignore[no-any-return]
@@ -115,8 +117,7 @@ def replica_view(r: Any, parts: list[Any], leaving: set[str],
     nodes; ``current``: each model's definition), remembered as node views are."""
     counts = not is_draining(r) and not (leaving and replica_nodes(r, parts) & leaving)
     old = getattr(r, "definition_hash", None) not in (None, current.get(r.model))
-    values = (r.id, r.model, r.node, r.devices, r.state, r.started, r.desired, counts, old,
-              *((p.rank, p.node, p.devices) for p in parts))
+    values = (*_REPLICA_KEY(r), counts, old, *((p.rank, p.node, p.devices) for p in parts))
     view = REPLICAS.get(r, values)
     if view is not None:
         return view  # type: ignore[no-any-return]

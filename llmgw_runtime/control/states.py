@@ -4,6 +4,7 @@ when a failed start may be retried. No I/O, no clock: ``now`` is passed in."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from ..api.catalog import ModelSpec
@@ -12,6 +13,7 @@ from ..catalog.scale import active_floor, replica_range
 from ..store.models import SPEC_COLUMNS, row_to_spec
 
 _SPECS: dict[tuple[Any, ...], ModelSpec] = {}
+_SPEC_KEY = attrgetter("name", *SPEC_COLUMNS)
 _SPECS_MAX = 16384
 
 
@@ -19,7 +21,7 @@ def spec_of(row: Any) -> ModelSpec:
     """``row_to_spec(row)``, remembered by the row's name and spec columns: a reconcile
     pass asks for every model's spec several times each second, and catalogs rarely change
     (a changed column is another key; the specs are frozen, so sharing one is safe)."""
-    key = (row.name, *[getattr(row, c) for c in SPEC_COLUMNS])
+    key = _SPEC_KEY(row)
     spec = _SPECS.get(key)
     if spec is None:
         if len(_SPECS) >= _SPECS_MAX:
