@@ -35,23 +35,25 @@ class Decoded:
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._devices: dict[str, tuple[str, Any]] = {}
+        self._devices: dict[str, tuple[str, Any, status_summary.Tally]] = {}
         self._texts: dict[str, Any] = {}
         self._models: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._nodes: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._replicas: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._at: dict[int, int] = {}       # row length -> index of last_report
 
-    def devices(self, name: str, text: str) -> Any:
+    def devices(self, name: str, text: str) -> tuple[Any, status_summary.Tally]:
+        """A node's devices decoded, and their ``status.summary.device_tally``."""
         seen = self._devices.get(name)
         if seen is not None and seen[0] == text:
-            return seen[1]
+            return seen[1], seen[2]
         value = json.loads(text)
+        tally = status_summary.device_tally(value)
         with self._lock:
             if len(self._devices) >= self.limit:
                 self._devices.clear()
-            self._devices[name] = (text, value)
-        return value
+            self._devices[name] = (text, value, tally)
+        return value, tally
 
     def text(self, text: str) -> Any:
         try:
@@ -112,7 +114,7 @@ class Decoded:
     def _node(self, row: Any) -> dict[str, Any]:
         return {"name": row.name, "fabric": row.fabric, "address": row.address,
                 "last_report": row.last_report, "agent_version": row.agent_version,
-                "devices": self.devices(row.name, row.devices),
+                "devices": self.devices(row.name, row.devices)[0],
                 "engines": self.text(row.engines), "weights": self.text(row.weights),
                 "hardware": self.text(row.hardware),
                 "problem": row.problem or row.plan_problem,
@@ -145,6 +147,7 @@ class Rows:
     models: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
     replicas: list[dict[str, Any]]
+    tallies: dict[str, status_summary.Tally]    # node -> its devices per class
 
 
 def models_of(model_rows: list[Any], replica_rows: list[Any], now: float,
@@ -174,9 +177,11 @@ def read(conn: Connection, now: float, settings: Settings, *, nodes: bool = True
         replica_rows = repo.list_replicas(conn)
         parts = repo.parts_by_replica(conn)
         models = models_of(repo.list_models(conn), replica_rows, now, settings.backoff)
-        node_dicts = [DECODED.node(n) for n in repo.list_nodes(conn)] if nodes else []
+        node_rows = repo.list_nodes(conn) if nodes else []
+        node_dicts = [DECODED.node(n) for n in node_rows]
+        tallies = {n.name: DECODED.devices(n.name, n.devices)[1] for n in node_rows}
         replicas = [DECODED.replica(r, parts.get(r.id), now) for r in replica_rows]
-    return Rows(now, models, node_dicts, replicas)
+    return Rows(now, models, node_dicts, replicas, tallies)
 
 
 def build(rows: Rows, settings: Settings, *, idle_after_s: float,
@@ -185,7 +190,7 @@ def build(rows: Rows, settings: Settings, *, idle_after_s: float,
     with no_gc():
         return status_summary.build(rows.models, rows.nodes, rows.replicas, rows.now,
                                     settings.node_timeout_s, idle_after_s=idle_after_s,
-                                    store=store)
+                                    store=store, tallies=rows.tallies)
 
 
 def summary(conn: Connection, now: float, settings: Settings, *, idle_after_s: float,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from ..fleetvocab import (
@@ -103,16 +104,41 @@ def _memory_free_mb(dev: dict[str, Any], users: list[dict[str, Any]],
     return True, max(0.0, free - pending)
 
 
+Tally = tuple[tuple[str, int, int, float, float], ...]
+
+
+def device_tally(devices: list[dict[str, Any]]) -> Tally:
+    """A node's devices per class, as ``devices_by_class`` counts a node nothing runs on:
+    (class, devices, unhealthy, memory_total_mb and free MB of the healthy ones). Whoever
+    keeps a node's decoded devices may keep this with them (control/summary_view.py)."""
+    out: dict[str, list[Any]] = {}
+    for dev in devices:
+        t = out.get(dev["class"])
+        if t is None:
+            t = out[dev["class"]] = [dev["class"], 0, 0, 0.0, 0.0]
+        t[1] += 1
+        if not dev.get("healthy", True):
+            t[2] += 1
+            continue
+        total = float(dev.get("memory_total_mb", 0))
+        t[3] += total
+        t[4] += max(0.0, total - float(dev.get("memory_used_mb", 0)))
+    return tuple((k, n, bad, tot, free) for k, n, bad, tot, free in out.values())
+
+
 def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]],
                      now: float, node_timeout_s: float,
                      used: set[tuple[str, int]] | None = None,
-                     models: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+                     models: list[dict[str, Any]] | None = None,
+                     tallies: Mapping[str, Tally] | None = None) -> dict[str, dict[str, Any]]:
     """Per device class: total, used, free, unhealthy devices. An unhealthy device is
     neither used nor free; a node that stopped reporting counts in ``unreachable``, not in
     free. A class is ``shared`` when it is the CPU class or a device of it runs replicas
     placed by memory (profile.memory_gb, ``models`` say which): several replicas share one
     device, so its ``memory_*`` (MB, over reachable healthy devices; ``memory_free_mb`` is
-    what more replicas could use) say how full it is, and ``replicas`` how many run there."""
+    what more replicas could use) say how full it is, and ``replicas`` how many run there.
+    ``tallies`` (node name -> ``device_tally`` of its devices) spare the pass over the
+    devices of nodes nothing runs on."""
     users = device_users(replicas)
     used = set(users) if used is None else used
     prof = profiles(models)
@@ -126,6 +152,25 @@ def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
         alive = node_alive(node, now, node_timeout_s)
         name = node["name"]
         quiet = name not in touched         # most nodes: nothing on any of its devices
+        tally = tallies.get(name) if quiet and tallies is not None else None
+        if tally is not None:
+            for klass, n, bad, total_mb, free_mb in tally:
+                c = counts.get(klass)
+                if c is None:
+                    c = counts[klass] = [0, 0, 0, 0, 0, 0]
+                    memory[klass] = [0.0, 0.0]
+                c[0] += n
+                if not alive:
+                    c[4] += n
+                    continue
+                c[3] += bad
+                c[2] += n - bad
+                mem = memory[klass]
+                mem[0] += total_mb
+                mem[1] += free_mb
+                if klass == CPU_CLASS:
+                    shared.add(klass)
+            continue
         for dev in node.get("devices", []):
             klass = dev["class"]
             c = counts.get(klass)
@@ -389,11 +434,13 @@ def _filer_group(fabric: str, node: str) -> str:
 
 def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
           replicas: list[dict[str, Any]], now: float, node_timeout_s: float = 30.0, *,
-          idle_after_s: float = 900.0, store: dict[str, Any] | None = None) -> dict[str, Any]:
+          idle_after_s: float = 900.0, store: dict[str, Any] | None = None,
+          tallies: Mapping[str, Tally] | None = None) -> dict[str, Any]:
     """The summary every status view renders (schema: docs/api.md, "GET /api/v1/status"):
     nodes (cordoned and draining ones too), devices by class, free whole nodes and weights
     per fabric, replicas by state (and how many drain), models desired vs ready and in
-    rollout, failing, parked, unplaceable and at-capacity models, idle replicas, the store."""
+    rollout, failing, parked, unplaceable and at-capacity models, idle replicas, the store.
+    ``tallies``: see ``devices_by_class`` (the same summary, sooner)."""
     full = {m["name"]: at_capacity(m, now) for m in models}
     rolls = {m["name"]: changes.rollout_of(m, replicas) for m in models}
     out_of_service = changes.maintenance(nodes, replicas)
@@ -408,7 +455,8 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
                      for state in ("cordoned", "draining")}},
         "maintenance": out_of_service,
         "node_problems": node_problems(nodes, now, node_timeout_s),
-        "devices": devices_by_class(nodes, replicas, now, node_timeout_s, used, models),
+        "devices": devices_by_class(nodes, replicas, now, node_timeout_s, used, models,
+                                    tallies),
         "cards_unusable": idle_cards(nodes),
         "replicas": dict(sorted(Counter(r["state"] for r in replicas).items())),
         "replicas_draining": sum(1 for r in replicas if r.get("draining")),

@@ -10,7 +10,17 @@ import jsonschema
 import pytest
 
 from llmgw_runtime.status import summary
-from tests.status.builders import NOW, cpu, gpu, mig, model, node, replica, small_fleet
+from tests.status.builders import (
+    NOW,
+    big_fleet,
+    cpu,
+    gpu,
+    mig,
+    model,
+    node,
+    replica,
+    small_fleet,
+)
 
 SCHEMA = json.loads(resources.files("llmgw_runtime.status")
                     .joinpath("status.schema.json").read_text())
@@ -262,3 +272,15 @@ def test_at_capacity_with_a_slot_free_says_requests_wait_for_their_prefix() -> N
     assert summary.at_capacity(by_load, NOW)["note"] == "2 waiting; 2/3 slots busy"
     full = {**m, "capacity": {**report, "in_flight": 3}}
     assert summary.at_capacity(full, NOW)["note"] == "2 waiting; 3/3 slots busy"
+
+
+def test_device_tallies_give_the_same_summary() -> None:
+    """The tallies a caller keeps with each node's decoded devices (control/summary_view)
+    count what the pass over every device counts: silent nodes, unhealthy cards, MIG,
+    nodes with replicas (counted device by device), shared devices."""
+    cpus = ([model("m", klass="cpu")], [node("c1", cpu()), node("c2", cpu(), age=600),
+                                         node("c3", cpu(used_gb=40))], [])
+    for models, nodes, replicas in (small_fleet(), big_fleet(400, 60), cpus):
+        tallies = {n["name"]: summary.device_tally(n["devices"]) for n in nodes}
+        assert summary.build(models, nodes, replicas, NOW, tallies=tallies) \
+            == summary.build(models, nodes, replicas, NOW)
