@@ -105,15 +105,14 @@ PASS_LINE = re.compile(r"reconcile passes last 10s: n=(\d+) full=(\d+) p50_ms=([
                        r"p99_ms=([\d.]+) max_ms=([\d.]+)")
 
 
-def catalog_json(models: int, replicas: int, extra: bool = False) -> bytes:
+def catalog_json(models: int, replicas: int, more: bool = False) -> bytes:
     """``models`` one-GPU models of the simulated agents' class, ``replicas`` each; with
-    ``extra`` one more model of one replica (an apply that adds or removes it moves the
-    fleet's generation and places or stops a replica)."""
-    names = [f"bench-{i:04d}" for i in range(models)] + (["bench-extra"] if extra else [])
-    entries = [{"name": name, "source": f"hf://bench/{name}/model.gguf", "engine": "vllm",
-                "profile": {"class": "a100-80g", "gpus": 1},
-                "replicas": 1 if name == "bench-extra" else replicas,
-                "args": ["--max-model-len", "8192"]} for name in names]
+    ``more`` the first has one replica more (an apply that moves the fleet's generation and
+    places or stops a replica, and leaves the catalog's sources as they are)."""
+    entries = [{"name": f"bench-{i:04d}", "source": f"hf://bench/model-{i:04d}/model.gguf",
+                "engine": "vllm", "profile": {"class": "a100-80g", "gpus": 1},
+                "replicas": replicas + (1 if more and i == 0 else 0),
+                "args": ["--max-model-len", "8192"]} for i in range(models)]
     return json.dumps({"models": entries}).encode()
 
 
@@ -251,7 +250,10 @@ class Sim:
 
 
 class Cpu:
-    """CPU time of named process trees, this process and the whole machine."""
+    """CPU time of named process trees, this process and the whole machine. A process of a
+    tree whose command line holds ``RECONCILER`` counts under ``<name>/reconciler``."""
+
+    RECONCILER = b"llmgw_runtime.control.reconcile"
 
     def __init__(self, roots: dict[str, int]) -> None:
         self.roots = roots
@@ -262,16 +264,17 @@ class Cpu:
 
         out: dict[str, float] = {}
         for name, root in self.roots.items():
-            total = 0
+            out[name] = out[name + "/reconciler"] = 0.0
             for pid in {root} | descendants(root):
                 try:
                     with open(f"/proc/{pid}/stat") as fh:
                         fields = fh.read().rsplit(")", 1)[1].split()
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        part = name + "/reconciler" if self.RECONCILER in fh.read() else name
                     # utime, stime and the reaped children's (PostgreSQL backends, pools)
-                    total += sum(int(f) for f in fields[11:15])
+                    out[part] += sum(int(f) for f in fields[11:15]) / self.hz
                 except (OSError, ValueError, IndexError):
                     continue
-            out[name] = total / self.hz
         out["bench"] = sum(os.times()[:2])
         with open("/proc/stat") as fh:
             ticks = [int(x) for x in fh.readline().split()[1:]]
@@ -280,8 +283,9 @@ class Cpu:
 
     def percent(self, before: dict[str, float], after: dict[str, float],
                 span: float) -> dict[str, float]:
-        """% of one core each used over ``span`` seconds; ``other``: the rest of the box."""
-        pct = {k: (after[k] - before[k]) / span * 100 for k in after}
+        """% of one core each used over ``span`` seconds; ``other``: the rest of the box. A
+        reconciler that started again within the span counts from zero."""
+        pct = {k: max(0.0, after[k] - before.get(k, 0.0)) / span * 100 for k in after}
         pct["other"] = pct.pop("machine") - sum(pct.values())
         return pct
 
