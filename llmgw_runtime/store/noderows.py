@@ -9,9 +9,10 @@ from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import TypeAdapter
 from sqlalchemy.engine import Connection
 
-from ..api.agent import Report
+from ..api.agent import DeviceReport, Report
 from .db import fleet_changed
 from .schema import nodes, replica_parts, replicas
 
@@ -43,9 +44,13 @@ def _json(value: Any) -> Any:
     return value.model_dump(mode="json", by_alias=True)
 
 
+_DEVICES: TypeAdapter[list[DeviceReport]] = TypeAdapter(list[DeviceReport])
+
+
 def devices_of(report: Report) -> str:
-    """The report's devices as the ``devices`` column holds them (JSON)."""
-    return json.dumps(_json(report.devices))
+    """The report's devices as the ``devices`` column holds them (JSON, every field given;
+    serialised by pydantic: this runs for every report and heartbeat with devices)."""
+    return _DEVICES.dump_json(report.devices, by_alias=True).decode()
 
 
 def inventory_of(report: Report) -> tuple[dict[str, str], str]:
@@ -73,8 +78,9 @@ def record_report(conn: Connection, name: str, report: Report, now: float,
     hardware are written only when they changed (devices always are: they carry the memory
     in use). The change log names the node when anything but its devices changed (a first
     report, a new address, problem or inventory, a stopping agent), a new address the
-    nodes that share a replica with it too (it is in their assignments); else the node's
-    device readings (kind telemetry). Returns the inventory digest."""
+    nodes that share a replica with it too (it is in their assignments); else its device
+    readings (kind telemetry) when they differ from ``before``'s. Returns the inventory
+    digest."""
     slow, digest = inventory_of(report)
     values: dict[str, Any] = {
         "address": report.address if problem is None else None, "problem": problem,
@@ -91,7 +97,7 @@ def record_report(conn: Connection, name: str, report: Report, now: float,
             or before.address != values["address"] or not alive \
             or before.last_report is None:
         fleet_changed(conn, nodes=(name,))
-    else:
+    elif getattr(before, "devices", None) != values["devices"]:
         fleet_changed(conn, telemetry=(name,))
     conn.execute(nodes.update().where(nodes.c.name == name).values(**values))
     return digest

@@ -225,13 +225,14 @@ def set_plan_problem(conn: Connection, name: str, problem: str | None) -> None:
 
 
 def node_by_credential(conn: Connection, credential_hash: str) -> Any | None:
-    """The node a credential belongs to: its name, address, problem, last report and
-    inventory digest, and the fleet generation (store/db.py) as of this read."""
+    """The node a credential belongs to: its name, address, problem, last report, devices
+    and inventory digest, and the fleet generation (store/db.py) as of this read."""
     return conn.execute(_BY_CREDENTIAL, {"hash": credential_hash}).first()
 
 
 _BY_CREDENTIAL = sa.select(nodes.c.name, nodes.c.address, nodes.c.problem, nodes.c.inventory,
-                           nodes.c.last_report, generation().label("generation")) \
+                           nodes.c.last_report, nodes.c.devices,
+                           generation().label("generation")) \
     .where(nodes.c.credential_hash == sa.bindparam("hash"))
 
 

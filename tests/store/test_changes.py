@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import threading
 
-from llmgw_runtime.api.agent import Report
+from llmgw_runtime.api.agent import DeviceReport, Report
 from llmgw_runtime.api.catalog import ModelSpec
 from llmgw_runtime.store import Store, changes, repo
 from llmgw_runtime.store.db import fleet_changed
 
 SPEC = ModelSpec.model_validate({"name": "tiny", "source": "file:///m/tiny.gguf",
                                  "engine": "llama.cpp", "profile": {"class": "cpu"}})
+
+CPU = DeviceReport.model_validate({"id": 0, "uuid": "cpu-host", "class": "cpu",
+                                   "memory_total_mb": 16000, "memory_used_mb": 1000})
 
 
 def generation(store: Store) -> int:
@@ -56,10 +59,13 @@ def test_each_write_names_the_nodes_models_and_replicas_it_changed(store: Store)
     assert got.replicas == {"r1"} and got.nodes == {"n1", "n2"}
 
     last = got.generation
-    with store.begin() as conn:         # a steady report's devices: telemetry only
-        before = repo.node_by_credential(conn, "n3" * 16)
+    with store.begin() as conn:         # the same report again: nothing to log
         repo.record_report(conn, "n3", Report(node="n3", address="10.0.0.1"), now + 1,
-                           before=before)
+                           before=repo.node_by_credential(conn, "n3" * 16))
+    assert since(store, last).nothing
+    with store.begin() as conn:         # new device readings: telemetry only
+        repo.record_report(conn, "n3", Report(node="n3", address="10.0.0.1", devices=[CPU]),
+                           now + 2, before=repo.node_by_credential(conn, "n3" * 16))
         repo.set_node_drain(conn, "n1", True, {"since": now})
     got = since(store, last)
     assert got.nodes == {"n1", "n3"} and got.telemetry_only == {"n3"}
