@@ -101,6 +101,7 @@ class Reconciler:
         self.view = View()              # the fleet in memory (control/incremental.py)
         self.times = PassTimes()
         self._pruned: float | None = None
+        self._led_at: float | None = None     # when its last pass began (monotonic)
 
     # ------------------------------------------------------------ one cycle
 
@@ -117,6 +118,8 @@ class Reconciler:
             self.device_clock.flush(self.store)     # what it counted while leading
             return False
         started = time.perf_counter()
+        if self._led_at is None or started - self._led_at > self.config.lease_ttl_s:
+            self.view.reset()          # the lease may have lapsed (and been held) since
         try:
             with self.store.begin() as conn:
                 now = self.store.now(conn)
@@ -131,6 +134,7 @@ class Reconciler:
         except BaseException:
             self.view.reset()          # what it read may not be what the store holds
             raise
+        self._led_at = started         # just after the lease was renewed
         self.times.add(time.perf_counter() - started, self.view.last_full)
         self._log_placement(decided, now)
         self.history.tick(self.store, now)

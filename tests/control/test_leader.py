@@ -75,3 +75,20 @@ def test_a_lost_lease_is_noticed_before_writing(pg_store: Store) -> None:
     assert b.run_cycle()      # a's lease expired; b leads
     assert not a.run_cycle()  # a sees b's unexpired lease and does nothing
     assert b.is_leader and not a.is_leader
+
+
+def test_a_reconciler_that_takes_the_lease_reads_the_whole_fleet_first(
+        pg_store: Store) -> None:
+    """The fleet kept in memory is not trusted across a leadership change: whatever the
+    other leader wrote meanwhile, the new leader's first pass reads everything, and its
+    passes after that only what changed."""
+    config = ControlConfig(reconcile_interval_s=0.05, lease_ttl_s=0.2)
+    a = Reconciler(pg_store, config, holder="a")
+    b = Reconciler(pg_store, config, holder="b")
+    assert a.run_cycle() and a.view.last_full
+    assert a.run_cycle() and not a.view.last_full
+    time.sleep(0.3)
+    assert b.run_cycle() and b.view.last_full
+    time.sleep(0.3)
+    assert a.run_cycle() and a.view.last_full, "a used what it held before b led"
+    assert a.run_cycle() and not a.view.last_full
