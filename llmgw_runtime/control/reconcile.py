@@ -6,8 +6,8 @@ write it makes re-checks the lease in the same transaction (fencing), so two ins
 never both act. A pass is the fleet layer's read -> decide -> write (``control/fleet.py``),
 the read incremental: the leader keeps the fleet in memory and reads what the store's
 change log names since its last pass (control/incremental.py), everything when it takes the
-lease and after a failed pass, and every row once in ``incremental.FULL_EVERY`` passes (a
-rolling full check). The leader prunes
+lease, when its last pass began more than a lease's time ago and after a failed pass, and
+every row once in ``incremental.FULL_EVERY`` passes (a rolling full check). The leader prunes
 the change log once a minute, and logs its passes' durations every 10 s."""
 
 from __future__ import annotations

@@ -164,11 +164,13 @@ class Pass:
     def _rollback(self, model: Any, reps: list[Any], changes: Any) -> None:
         """A canary whose error rate is over its budget: the previous definition is
         applied again (its replicas then roll back)."""
-        state = rollout.parse_state(getattr(model, "rollout_state", None))
         prev_text = getattr(model, "previous_definition", None)
-        has_old = any(rollout.is_old(r, model.definition_hash) for r in reps)
-        if deleted(model) or not prev_text or rollout.mode_of(model, has_old) != rollout.CANARY:
+        if deleted(model) or not prev_text:
             return
+        has_old = any(rollout.is_old(r, model.definition_hash) for r in reps)
+        if rollout.mode_of(model, has_old) != rollout.CANARY:
+            return
+        state = rollout.parse_state(getattr(model, "rollout_state", None))
         why = rollout.rollback_due(state)
         if why is None:
             return
