@@ -30,6 +30,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -245,6 +246,16 @@ class NodeEntry:
 
 
 @dataclass(frozen=True)
+class Applied:
+    """What one reading of the change log (generations ``since`` to ``to``) forgot."""
+
+    since: int
+    to: int
+    nodes: frozenset[str]
+    models: frozenset[str]
+
+
+@dataclass(frozen=True)
 class Held:
     """A node's last full report (as its heartbeats change it), by the digest its agent's
     heartbeats name (api/agent.py ``report_digest``), with its inventory digest and its
@@ -270,6 +281,7 @@ class ReportCache:
         self.reports: dict[str, Held] = {}          # node name -> its last full report
         self.sources: tuple[list[str], str] | None = None
         self.seen: int | None = None                # the generation all of it reflects
+        self._applied: deque[Applied] = deque(maxlen=256)   # what the last polls forgot
         self._polled: tuple[float, int] = (-1e9, 0)  # (when, the store's moves then)
         self._lock = threading.Lock()
 
@@ -306,13 +318,32 @@ class ReportCache:
             self.answers.clear()
             self.sources = None
             self.seen = None if changed is None else changed.generation
+            self._applied.clear()
             return
         gone = set(changed.nodes - changed.telemetry_only)
         if changed.models:
             self.sources = None
             gone.update(n for n, a in self.answers.items() if a.models & changed.models)
         self.forget_nodes(gone)
+        if self.seen is not None and changed.generation != self.seen:
+            self._applied.append(Applied(self.seen, changed.generation, frozenset(gone),
+                                         changed.models))
         self.seen = changed.generation
+
+    def _missed(self, stamp: int, name: str | None, models: frozenset[str] | None) -> bool:
+        """Whether what this process forgot after generation ``stamp`` may have named node
+        ``name`` or one of ``models`` (None: any model); also when that is not known so
+        far back. A transaction that read under ``stamp`` may not have seen such a change,
+        so what it read is not cached."""
+        if self.seen is None:
+            return True
+        if stamp >= self.seen:
+            return False
+        later = [a for a in self._applied if a.to > stamp]
+        if not later or later[0].since > stamp:
+            return True
+        return any(name in a.nodes or (a.models if models is None else a.models & models)
+                   for a in later)
 
     def forget_nodes(self, names: set[str]) -> None:
         for name in names:
@@ -334,11 +365,13 @@ class ReportCache:
     def put(self, stamp: int | None, token_hash: str, entry: NodeEntry,
             answer: Answer, sources: tuple[list[str], str]) -> None:
         """Cache what a transaction read under generation ``stamp`` (read with the
-        credential): only when no change after ``stamp`` was forgotten already, else a
-        change this transaction may not have seen would never drop it."""
+        credential): unless what this process forgot since ``stamp`` (changes it has
+        applied already, which this transaction may not have seen) named the node or its
+        models; the sources only when no model changed since."""
         with self._lock:
-            if stamp is None or self.seen is None or stamp < self.seen:
+            if stamp is None or self._missed(stamp, entry.name, answer.models):
                 return
+            fresh = self.sources is None and not self._missed(stamp, None, None)
             if len(self.nodes) >= self.LIMIT or len(self.answers) >= self.LIMIT:
                 self._apply(None)
                 return
@@ -348,7 +381,7 @@ class ReportCache:
             self.nodes[token_hash] = entry
             self.credential_of[entry.name] = token_hash
             self.answers[entry.name] = answer
-            if self.sources is None:
+            if fresh:
                 self.sources = sources
 
     def hold(self, node: str, held: Held) -> None:

@@ -21,6 +21,7 @@ from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.config import ControlConfig
 from llmgw_runtime.control.reports import head_change, part_change, unchanged
 from llmgw_runtime.store import Store, repo
+from llmgw_runtime.store.changes import Changed
 
 from .conftest import ADMIN, JOIN, ROUTER, Api
 
@@ -248,3 +249,32 @@ def test_a_replica_lost_with_a_restarted_agent_is_not_a_failed_start(api: Api) -
     assert f"replica {rid} on n1 (ready) is gone" in lost and "not a failed start" in lost
     [again] = api.report(cred).json["assignments"]
     assert again["replica_id"] != rid               # placed again at once, no backoff
+
+
+def test_what_a_transaction_read_is_cached_unless_a_change_it_missed_names_it() -> None:
+    """A transaction that read under generation 5 finishes after this process applied
+    changes up to 7: its node's answer is cached unless those changes named the node or a
+    model it runs (the log moves with every node's device readings: caching must not wait
+    for a still moment)."""
+    cache = reports.ReportCache()
+
+    def changed(gen: int, nodes: frozenset[str] = frozenset(),
+                models: frozenset[str] = frozenset()) -> Changed:
+        return Changed(gen, False, frozenset(nodes), frozenset(), frozenset(models),
+                       frozenset())
+
+    def put(node: str, models: set[str]) -> bool:
+        answer = reports.Answer((), [], [], [], frozenset(models))
+        cache.put(5, f"hash-{node}", reports.NodeEntry(node, None, None, None), answer,
+                  (["s"], "h"))
+        return node in cache.answers
+
+    cache._apply(changed(5))
+    cache._apply(changed(6, nodes=frozenset({"other"})))
+    cache._apply(changed(7, models=frozenset({"big"})))
+    assert put("n1", {"tiny"}) and cache.sources is None      # sources: a model changed
+    assert not put("other", set())                           # named after 5
+    assert not put("n2", {"big"})                            # runs a model changed after 5
+    assert put("n3", set())                                  # nothing named it
+    cache._apply(Changed(9, True, *[frozenset()] * 4))       # everything: forgot all
+    assert not put("n4", set()) and cache.answers == {}      # nothing known since 5
