@@ -123,14 +123,43 @@ def _merged(held: Held, beat: Heartbeat) -> Held:
     return Held(held.digest, report, held.inventory, devices)
 
 
+class AddressChecks:
+    """``identity.address_problem`` for this app's networks, remembered per (claimed IP
+    address, address the request came from): a pure function of those, asked at every
+    report and heartbeat. A claimed host name is resolved each time (the resolver caches
+    names for a while) and its answer not remembered."""
+
+    LIMIT = 20_000
+
+    def __init__(self, networks: Any, resolver: Resolver) -> None:
+        self.networks, self.resolver = networks, resolver
+        self.known: dict[tuple[str | None, str | None], str | None] = {}
+
+    def __call__(self, claimed: str | None, peer: str | None) -> str | None:
+        key = (claimed, peer)
+        if key in self.known:
+            return self.known[key]
+        if claimed and not identity.is_ip(claimed):
+            return identity.address_problem(claimed, peer, self.resolver(claimed),
+                                            self.networks)
+        problem = identity.address_problem(claimed, peer, (), self.networks)
+        if len(self.known) >= self.LIMIT:
+            self.known.clear()
+        self.known[key] = problem
+        return problem
+
+
 def problem_of(report: Report, config: Any) -> str | None:
     """What of the report is not used (its address), or the agent saying it stops."""
     if report.stopping:
         return ("its agent stopped and stopped its engines; the node is not used until "
                 "the agent runs again")
-    resolver: Resolver = current_app.extensions["llmgw.resolver"]
-    return identity.address_problem(report.address, request.remote_addr,
-                                    resolver(report.address or ""), config.agent_network_list)
+    ext = current_app.extensions
+    checks: AddressChecks | None = ext.get("llmgw.address_checks")
+    if checks is None:
+        checks = ext["llmgw.address_checks"] = AddressChecks(config.agent_network_list,
+                                                             ext["llmgw.resolver"])
+    return checks(report.address, request.remote_addr)
 
 
 def steady(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry,
