@@ -278,3 +278,19 @@ def test_what_a_transaction_read_is_cached_unless_a_change_it_missed_names_it() 
     assert put("n3", set())                                  # nothing named it
     cache._apply(Changed(9, True, *[frozenset()] * 4))       # everything: forgot all
     assert not put("n4", set()) and cache.answers == {}      # nothing known since 5
+
+
+def test_a_model_change_drops_the_sources_and_the_answers_running_it_only() -> None:
+    cache = reports.ReportCache()
+    cache._apply(Changed(1, False, *[frozenset()] * 4))
+    for node, models in (("a", {"tiny"}), ("b", {"big"}), ("c", set())):
+        cache.put(1, f"hash-{node}", reports.NodeEntry(node, None, None, None),
+                  reports.Answer((), [], [], [], frozenset(models)), (["s"], "h"))
+    assert sorted(cache.answers) == ["a", "b", "c"] and cache.sources == (["s"], "h")
+    cache._apply(Changed(2, False, frozenset(), frozenset(), frozenset({"tiny"}),
+                         frozenset()))
+    assert sorted(cache.answers) == ["b", "c"] and sorted(cache.nodes) == ["hash-b", "hash-c"]
+    assert cache.sources is None
+    cache._apply(Changed(3, False, frozenset({"b", "c"}), frozenset({"c"}), frozenset(),
+                         frozenset()))          # b's row changed; c's readings only
+    assert sorted(cache.answers) == ["c"]
