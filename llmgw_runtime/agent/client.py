@@ -33,6 +33,10 @@ class NoHeartbeats(LlmgwError):
     """The control service has no heartbeat endpoint (an older version): report in full."""
 
 
+class HeartbeatRefused(LlmgwError):
+    """The control service refused a heartbeat (not the credential): report in full."""
+
+
 class ControlClient:
     """Joins with the join token, keeps the node credential in ``credential_path``
     (mode 0600), and reports with it; a 401 on a stored credential rejoins once, showing
@@ -114,9 +118,10 @@ class ControlClient:
         return answer
 
     def heartbeat(self, beat: Heartbeat) -> HeartbeatAnswer:
-        """Post a heartbeat (the node's stored credential; a refused one makes the caller
-        send its full report, which joins again). :class:`NoHeartbeats` when the control
-        service has no such endpoint."""
+        """Post a heartbeat with the node's stored credential. :class:`NoHeartbeats` when
+        the control service has no such endpoint; ``AuthError`` (the credential) and
+        :class:`HeartbeatRefused` (any other refusal) make the caller send its full report
+        (which joins again when needed)."""
         token = self.credential()
         if token is None:
             raise AuthError("no node credential yet; send the full report")
@@ -129,7 +134,5 @@ class ControlClient:
                 raise NoHeartbeats(text) from None
             if exc.status == 401:
                 raise AuthError(text) from None
-            if exc.status == 403:
-                raise ForbiddenError(text) from None
-            raise LlmgwError(text) from None
+            raise HeartbeatRefused(text) from None
         return answer

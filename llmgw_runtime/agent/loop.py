@@ -27,7 +27,7 @@ from ..devices import DeviceSource, Discovery, source_from_spec
 from ..engines import drivers_from_config
 from ..errors import AuthError, LlmgwError
 from ..weights.scan import Scanner
-from .client import ControlClient, NoHeartbeats
+from .client import ControlClient, HeartbeatRefused, NoHeartbeats
 from .config import AgentConfig
 from .supervisor import Supervisor
 
@@ -160,8 +160,8 @@ class Agent:
                 log.info("the control service at %s takes no heartbeats (an older version); "
                          "sending full reports", self.client.base)
                 self.heartbeats = False
-            except AuthError:
-                pass                        # the full report joins again
+            except (AuthError, HeartbeatRefused) as exc:
+                log.info("heartbeat not taken (%s); sending the full report", exc)
             else:
                 if not got.full_report and got.answer is not None:
                     self._carried.update(k for k in CHANGING if getattr(beat, k) is not None)

@@ -52,9 +52,11 @@ def control(tmp_path: Path) -> Iterator[Control]:
         store.dispose()
 
 
-def agent_of(control: Control, tmp_path: Path, *, older: bool = False) -> Agent:
+def agent_of(control: Control, tmp_path: Path, *, older: bool = False,
+             refuse: list[int] | None = None) -> Agent:
     """An agent whose posts are noted; ``older``: the control service answers a heartbeat
-    404, as one from before heartbeats does."""
+    404, as one from before heartbeats does; ``refuse``: the statuses its next heartbeats
+    are refused with."""
     agent = Agent.from_config(config(tmp_path, control_url=control.url,
                                      join_token=JOIN))
     transport = agent.client.transport
@@ -65,6 +67,8 @@ def agent_of(control: Control, tmp_path: Path, *, older: bool = False) -> Agent:
             control.posts.append((path, body))
         if older and path == HEARTBEAT:
             raise RemoteError(404, "not_found", "The requested URL was not found")
+        if refuse and path == HEARTBEAT:
+            raise RemoteError(refuse.pop(0), "refused", "no")
         return request(method, path, body, **kw)
 
     transport.request = noted  # type: ignore[method-assign]
@@ -106,3 +110,12 @@ def test_an_older_control_service_gets_full_reports(control: Control, tmp_path: 
         agent.run_cycle()
     assert control.paths() == [REPORT, HEARTBEAT, REPORT, REPORT, REPORT]
     assert not agent.heartbeats
+
+
+def test_a_refused_heartbeat_is_followed_by_the_full_report_at_once(
+        control: Control, tmp_path: Path) -> None:
+    agent = agent_of(control, tmp_path, refuse=[400, 401])
+    for _ in range(4):
+        agent.run_cycle()
+    assert control.paths() == [REPORT, HEARTBEAT, REPORT, HEARTBEAT, REPORT, HEARTBEAT]
+    assert agent.heartbeats
