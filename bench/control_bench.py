@@ -132,7 +132,9 @@ class Bench:
             self.sim.call("period", seconds=period)
             self.sim.period = period
         spread = self.sim.call("grow", total=agents, rate=self.args.grow_rate)["spread_s"]
-        time.sleep(spread + period * self.args.settle)
+        # Settle: the new agents' first reports (full ones, with a transaction each) and
+        # the backlog of a step that saturated pass; the steady fleet is what is measured.
+        time.sleep(spread + min(max(self.args.settle, 2 * period), 60.0))
         applies: list[tuple[float, int]] = []
         stop_applying = threading.Event()
         if churn:
@@ -303,8 +305,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--window", type=float, default=0.0, help="seconds measured per step [15]")
     ap.add_argument("--churn-window", type=float, default=0.0,
                     help="seconds measured in scenario c [65: two applies]")
-    ap.add_argument("--settle", type=float, default=3.0,
-                    help="report periods between growing the fleet and measuring it")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds between growing the fleet and measuring it, at least two "
+                         "intervals, at most 60 [20; --quick 10]")
     ap.add_argument("--retries", type=int, default=None,
                     help="longer intervals tried when a rate does not hold [2; --quick 0]")
     ap.add_argument("--grow-rate", type=float, default=250.0,
@@ -320,6 +323,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.sizes = [int(x) for x in (args.sizes or ("1000,2000" if args.quick else
                                                   "1000,2000,5000,10000")).split(",")]
     args.window = args.window or (8.0 if args.quick else 15.0)
+    args.settle = args.settle or (10.0 if args.quick else 20.0)
     args.churn_window = args.churn_window or (20.0 if args.quick else 65.0)
     args.models = args.models or (200 if args.quick else 1000)
     if args.retries is None:
