@@ -183,6 +183,8 @@ def measure(store: Store, size: int, passes: int, profile: bool) -> dict[str, Ti
     out = {"full": Timed(), "steady": Timed(), "churn": Timed()}
     for _ in range(passes):
         out["full"].run(store, full)
+    with store.begin() as conn:     # the full reads' rows took the planner views' memo
+        incremental(conn)
     for _ in range(passes):
         out["steady"].run(store, incremental)
     for step in range(passes):
