@@ -148,6 +148,10 @@ class SimAgent:
         self.sent_replicas: Any = None
         self.sent_devices: Any = None
         self.full_due = 0.0
+        # The first periodic full report comes this long after a full report, the next
+        # ones every FULL_REPORT_EVERY_S: a short run sees the steady share of them.
+        self.first_due = random.uniform(0, FULL_REPORT_EVERY_S)
+        self.periodic = False
         self.carried: set[str] = set()                  # in every heartbeat until a full one
         self._beat: bytes | None = None
         self._beat_keys: list[str] = []
@@ -208,7 +212,10 @@ class SimAgent:
         """The heartbeat to send, or None when a full report is due. As the real agent
         (agent/loop.py): the replicas and the devices when they differ from the last full
         report, and from then on in every heartbeat until the next full report."""
-        if self.digest is None or now >= self.full_due:
+        if self.digest is None:
+            return None
+        if now >= self.full_due:
+            self.periodic = True             # from now on every FULL_REPORT_EVERY_S
             return None
         if self._beat is None:
             body = self.body()
@@ -226,13 +233,11 @@ class SimAgent:
 
     def sent_full(self, now: float) -> None:
         body = self.body()
-        first = self.digest is None
         self.digest = hashlib.sha256(self._full_raw).hexdigest()
         self.sent_static = self._static()
         self.sent_replicas, self.sent_devices = body["replicas"], body["devices"]
         self.carried = set()
-        self.full_due = now + (random.uniform(0, FULL_REPORT_EVERY_S) if first
-                               else FULL_REPORT_EVERY_S)
+        self.full_due = now + (FULL_REPORT_EVERY_S if self.periodic else self.first_due)
         self._beat = None
 
     def sent_beat(self) -> None:
