@@ -467,16 +467,20 @@ class Fleet:
 
 
 def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
-    """What the sends scheduled in [start, end) got."""
+    """What the sends scheduled in [start, end) got; ``done_rate``: the answers that came
+    in it, whenever they were sent (what a saturated server still answered)."""
     rec = fleet.record
     lat: list[float] = []
     errors: dict[str, int] = {}
     kinds = [0] * len(KINDS)
     hosts = [0] * len(fleet.hosts)
+    done = 0                                       # answers that came in the window
     for i in range(rec.first_index(start), len(rec.sched)):
+        latency = rec.latency[i]
+        if latency == latency and start <= rec.sched[i] + latency < end:
+            done += 1
         if not start <= rec.sched[i] < end:
             continue
-        latency = rec.latency[i]
         kinds[rec.kind[i]] += 1
         if latency == latency:                     # not NaN: answered
             lat.append(latency)
@@ -491,7 +495,7 @@ def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
     def pct(p: float) -> float:
         return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1000 if lat else math.nan
 
-    return {"ok": True, "answered": len(lat), "rate": len(lat) / span,
+    return {"ok": True, "answered": len(lat), "rate": len(lat) / span, "done_rate": done / span,
             "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
             "max_ms": lat[-1] * 1000 if lat else math.nan, "errors": errors, "late": late,
             "kinds": dict(zip(KINDS, kinds, strict=True)),

@@ -191,7 +191,8 @@ class Bench:
             while not row["held"] and tries < (a.retries if scenario == "b" else
                                                min(1, a.retries)):
                 tries += 1
-                period = round(n / (0.85 * row["rate"]) if row["rate"] > 1 else period * 2, 1)
+                rate = max(row["rate"], row["done_rate"])
+                period = round(n / (0.85 * rate) if rate > 1 else period * 2, 1)
                 row = self.step(scenario, n, period, a.window)
         last = self.rows[-1]
         period = last["period_s"] if last["held"] else last["period_s"] * 1.5
@@ -215,7 +216,9 @@ def line(r: dict[str, Any], controls: list[Control]) -> str:
                                        for s, code in r["applies_s"]) if r["applies_s"] else ""
     passes = f"{p['p99_ms']:.0f}/{p['max_ms']:.0f}" if p else "n/a"
     return (f"{r['scenario']:>5} {r['agents']:>6} {r['period_s']:>5.1f} {r['target_rate']:>7.0f} "
-            f"{r['rate']:>8.1f}{' (' + hosts + ')' if hosts else ''} {r['p50_ms']:>7.1f} "
+            f"{r['rate']:>8.1f}{' (' + hosts + ')' if hosts else ''}"
+            f"{'' if r['held'] else ' (answered ' + format(r['done_rate'], '.0f') + '/s)'}"
+            f" {r['p50_ms']:>7.1f} "
             f"{r['p95_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.0f}  "
             f"full/hb/hb+full {k['full']}/{k['heartbeat']}/{k['heartbeat+full']}  "
             f"cpu% ctl {ctl} pg {cpu['postgres']:.0f} sim {cpu['sim']:.0f} "
