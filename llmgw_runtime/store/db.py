@@ -163,12 +163,12 @@ def fleet_changed(conn: Connection, *, nodes: Iterable[str] = (), models: Iterab
     (kind ``all``). Control processes forget what they cached of exactly those
     (control/reports.py) and the reconciler re-reads them (store/changes.py)."""
     keys: set[tuple[str, str]] = conn.info.setdefault(CHANGED, set())
-    before = len(keys)
-    for kind, names in (("node", nodes), ("model", models), ("replica", replicas),
-                        ("telemetry", telemetry)):
-        keys.update((kind, str(name)) for name in names)
-    if len(keys) == before:
-        keys.add(ALL)
+    named = [(kind, str(name)) for kind, names in (
+        ("node", nodes), ("model", models), ("replica", replicas), ("telemetry", telemetry))
+        for name in names]
+    # a key named again in one transaction is no unnamed change: only a call naming
+    # nothing at all means anything may have changed
+    keys.update(named or [ALL])
 
 
 def _clock(conn: Connection) -> Any:
