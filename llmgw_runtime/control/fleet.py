@@ -157,7 +157,9 @@ def model_answers(conn: Connection, now: float) -> list[Model]:
 
 def summary(conn: Connection, now: float, settings: Settings, *, idle_after_s: float,
             store: dict[str, Any]) -> dict[str, Any]:
-    """The fleet summary every status view renders, from one read of the store."""
+    """The fleet summary as the plain definition reads it (every row, every node's JSON
+    decoded). The views use control/summary_view.py, which must answer the same at 10,000
+    nodes within the status targets; tests/control/test_summary_view.py holds it to this."""
     models = models_view(conn, now, settings.backoff)
     nodes = [node_view(n) for n in repo.list_nodes(conn)]
     parts = repo.parts_by_replica(conn)
