@@ -21,7 +21,8 @@ answer has ``ok``). Commands: ``init`` (hosts, join_token, period, reports, shar
 seed), ``join`` (total), ``grow`` (total, rate: new agents started per second at most),
 ``period`` (seconds: every agent moves to it), ``churn`` (per_min: the share of nodes that
 change per minute, 0 stops), ``window`` (start, end: perf_counter times, the same clock in
-every process on Linux), ``stop``. The benchmark counts this process's CPU on its own."""
+every process on Linux). It ends at the end of stdin or on SIGTERM. The benchmark counts
+this process's CPU on its own."""
 
 from __future__ import annotations
 
@@ -504,7 +505,7 @@ def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
 
 
 def serve(lines: Any, out: Any) -> None:
-    """Answer the benchmark's commands until ``stop`` or the end of stdin."""
+    """Answer the benchmark's commands until the end of stdin."""
     fleet: Fleet | None = None
 
     def say(obj: dict[str, Any]) -> None:
@@ -536,10 +537,6 @@ def serve(lines: Any, out: Any) -> None:
                 say({"ok": True})
             elif what == "window":
                 say(window(fleet, cmd["start"], cmd["end"]))
-            elif what == "stop":
-                fleet.stop()
-                say({"ok": True})
-                return
             else:
                 say({"ok": False, "error": f"unknown command {what!r}"})
         except Exception as exc:              # the benchmark prints it and stops

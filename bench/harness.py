@@ -237,16 +237,18 @@ class Sim:
         return out
 
     def stop(self) -> None:
+        """SIGTERM to its process group (also while it runs a command: joining thousands of
+        agents on a saturated server takes minutes), SIGKILL if it lingers."""
         if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.call("stop")
-            except (OSError, RuntimeError, ValueError):
-                pass
-            try:
-                self.proc.wait(15)
+                self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 class Cpu:
