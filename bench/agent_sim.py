@@ -14,7 +14,9 @@ when they differ from the last full report (and in every heartbeat from then on 
 next full report). With ``reports: full`` every report is a full report.
 
 Open loop: agent ``i`` of ``n`` sends at ``t0 + i/n * period + k * period``; latency is
-measured from that scheduled time, so time spent queued behind a slow server counts.
+measured from that scheduled time, so time spent queued behind a slow server counts. An
+agent whose answer comes after its next slot skips the slots it missed (it has one request
+open at a time, as the real agent), so an overloaded server answers fewer than the target.
 
 The protocol: one JSON object per line on stdin, one answer per line on stdout (every
 answer has ``ok``). Commands: ``init`` (hosts, join_token, period, reports, shared_weights,
@@ -344,7 +346,10 @@ class SimAgent:
                     else:
                         record.add(sched, None, kind, self.host_index, f"HTTP {status}")
                 self.inflight = None
-                sched = fleet.next_time(offset, sched + 1e-6)
+                # The next slot after now: an answer that came after the next slot skips
+                # the slots it missed (as the real agent reports once per interval), so a
+                # server behind shows as a rate under the target, not a growing backlog.
+                sched = fleet.next_time(offset, max(sched + 1e-6, time.perf_counter()))
         finally:
             if self.conn is not None:
                 self.conn.close()
