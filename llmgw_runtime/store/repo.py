@@ -16,7 +16,7 @@ from .leases import holds_lease as holds_lease
 from .leases import lease_holder as lease_holder
 from .leases import release_lease as release_lease
 from .leases import try_lease as try_lease
-from .models import row_to_spec, spec_to_row
+from .models import SPEC_COLUMNS, row_to_spec, spec_to_row
 from .noderows import devices_of as devices_of
 from .noderows import homes as homes
 from .noderows import inventory_of as inventory_of
@@ -163,13 +163,19 @@ def merge_rollout_state(conn: Connection, name: str, keys: dict[str, Any],
     return kept
 
 
+_SPEC = frozenset(SPEC_COLUMNS)
+
 # What an assignment carries of its model (control/assignments.py).
 LAUNCH_FIELDS = frozenset({"source", "engine", "profile", "args", "sha256", "size_bytes",
                            "slots"})
 
 
 def update_model(conn: Connection, name: str, **values: Any) -> None:
-    if LAUNCH_FIELDS.intersection(values):
+    """Write a model's columns. A catalog field (what an assignment carries, or any other
+    the catalog defines: replicas, drain_timeout_s, ...) is logged, so the reconciler's
+    incremental view re-reads the model (it reads only the fleet's own columns each pass:
+    control/incremental.py); the fleet's own columns (load, parking, rollout state) are not."""
+    if LAUNCH_FIELDS.intersection(values) or _SPEC.intersection(values):
         fleet_changed(conn, models=(name,))
     conn.execute(models.update().where(models.c.name == name).values(**values))
 
