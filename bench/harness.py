@@ -318,7 +318,8 @@ def leaders(controls: list[Control]) -> dict[str, float]:
 
 
 class DbStats:
-    """The benchmark database's write counters (pg_stat_database) and table sizes."""
+    """The benchmark database's write counters (pg_stat_database), the WAL written (by the
+    whole server: only the benchmark writes to it) and table sizes."""
 
     COUNTERS = ("xact_commit", "tup_inserted", "tup_updated", "tup_deleted")
 
@@ -331,10 +332,12 @@ class DbStats:
     def sample(self) -> dict[str, float]:
         with self.conn.cursor() as cur:
             cur.execute("SELECT pg_stat_clear_snapshot()")
-            cur.execute(f"SELECT {', '.join(self.COUNTERS)} FROM pg_stat_database "
+            cur.execute(f"SELECT {', '.join(self.COUNTERS)}, "
+                        "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') FROM pg_stat_database "
                         "WHERE datname = current_database()")
             row = cur.fetchone()
-        return dict(zip(self.COUNTERS, (float(x) for x in row or ()), strict=True))
+        return dict(zip((*self.COUNTERS, "wal_bytes"), (float(x) for x in row or ()),
+                        strict=True))
 
     def tables(self, top: int = 8) -> list[tuple[str, int, int]]:
         """The largest tables: (name, live rows, bytes with indexes and TOAST)."""
