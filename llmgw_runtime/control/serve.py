@@ -73,6 +73,9 @@ def _worker_exit(server: Any, worker: Any) -> None:
         tracing.shutdown()
 
 
+STOPPING_GRACE_S = 3.0    # how long a reconciler that stopped cleanly waits for the server's stop
+
+
 class ReconcilerKeeper:
     """Runs the reconciler process and starts it again if it dies (1 s doubling to 30 s,
     reset once it ran a minute); stopped when the web server stops."""
@@ -106,6 +109,11 @@ class ReconcilerKeeper:
                 return
             while process.poll() is None and not self._stop.is_set():
                 self._stop.wait(0.5)
+            # Status 0: it was told to stop (SIGTERM, Ctrl-C), as a whole server's process
+            # group is when it stops: the web server's own stop follows at once, and is
+            # no reason for an error line or a new reconciler.
+            if process.returncode == 0:
+                self._stop.wait(STOPPING_GRACE_S)
             if self._stop.is_set():
                 return
             ran = time.monotonic() - started

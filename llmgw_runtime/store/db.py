@@ -150,6 +150,7 @@ def bounded(raw: Any) -> Iterator[None]:
 
 
 CHANGED = "llmgw.fleet_changed"
+MIGRATION_LOCK = 0x6C6D6777   # "lmgw": the advisory lock migrations take on PostgreSQL
 ALL = ("all", "")                 # a change log entry: anything may have changed
 
 
@@ -383,6 +384,11 @@ class Store:
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS))
         with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                # control hosts starting at once on one database migrate one at a time:
+                # the next finds the revision in place and does nothing
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                             {"key": MIGRATION_LOCK})
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
         with self.engine.connect() as conn:
