@@ -135,6 +135,7 @@ bench: $(STAMP) system-deps runtime-deps
 	$(BIN)/python bench/control_bench.py
 	$(BIN)/python bench/control_bench.py --controls 2 --quick
 	$(BIN)/python bench/status_bench.py
+	$(BIN)/python bench/reconcile_bench.py
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/rollout_bench.py
 	$(MAKE) --no-print-directory bench-affinity
