@@ -37,11 +37,9 @@ import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmgw_runtime.status import summary  # noqa: E402
 from llmgw_runtime.status.render import render  # noqa: E402
+from tests.control.conftest import served  # noqa: E402
 from tests.status.builders import NOW, big_fleet  # noqa: E402
 
 TARGET_SUMMARY_S = 0.200
@@ -160,20 +159,6 @@ def refresh(store: Any, n: int) -> None:
         conn.execute(nodes_t.update().values(last_report=now - 1.0))
         conn.execute(nodes_t.update().where(nodes_t.c.name.in_(silent))
                      .values(last_report=now - 600.0))
-
-
-@contextmanager
-def served(app: Any) -> Iterator[str]:
-    from werkzeug.serving import make_server
-
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.shutdown()
-        thread.join(5)
 
 
 def get(url: str) -> bytes:

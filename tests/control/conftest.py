@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from sqlalchemy import event
 from werkzeug.serving import make_server
 
 from llmgw_runtime.control.app import create_app
@@ -54,6 +55,23 @@ def api(store: Store, tmp_path: Path) -> Iterator[Api]:
     bootstrap(store, config)
     app = create_app(config, store_=store)
     yield Api(app.test_client(), store, config)
+
+
+@contextlib.contextmanager
+def statements(store: Any, containing: str = "") -> Iterator[list[str]]:
+    """The SQL statements this process sends ``store`` meanwhile (those containing
+    ``containing``, when given)."""
+    seen: list[str] = []
+
+    def note(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        if containing in sql:
+            seen.append(sql)
+
+    event.listen(store.engine, "before_cursor_execute", note)
+    try:
+        yield seen
+    finally:
+        event.remove(store.engine, "before_cursor_execute", note)
 
 
 @contextlib.contextmanager

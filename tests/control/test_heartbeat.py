@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from llmgw_runtime.api.agent import report_digest
 from llmgw_runtime.control import reports
-from llmgw_runtime.store import Store, changes, repo
+from llmgw_runtime.store import changes, repo
 
-from .conftest import CPU, Api
+from .conftest import CPU, Api, statements
 
 CATALOG = """models:
   - name: tiny
@@ -41,21 +39,6 @@ def full(api: Api, cred: str, node: str = "n1", **extra: Any) -> tuple[Any, str]
 
 def beat(api: Api, cred: str, digest: str, node: str = "n1", **extra: Any) -> Any:
     return api.call("POST", HEARTBEAT, cred, json={"node": node, "digest": digest, **extra})
-
-
-@contextmanager
-def statements(store: Store) -> Iterator[list[str]]:
-    """The SQL statements this process sends the store meanwhile."""
-    seen: list[str] = []
-
-    def note(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
-        seen.append(sql)
-
-    event.listen(store.engine, "before_cursor_execute", note)
-    try:
-        yield seen
-    finally:
-        event.remove(store.engine, "before_cursor_execute", note)
 
 
 @pytest.fixture

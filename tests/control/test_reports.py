@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from llmgw_runtime.api.agent import ReplicaReport, Report
 from llmgw_runtime.control import reports
@@ -23,7 +21,7 @@ from llmgw_runtime.control.reports import head_change, part_change, unchanged
 from llmgw_runtime.store import Store, repo
 from llmgw_runtime.store.changes import Changed
 
-from .conftest import ADMIN, JOIN, ROUTER, Api
+from .conftest import ADMIN, JOIN, ROUTER, Api, statements
 
 CATALOG = """models:
   - name: tiny
@@ -155,20 +153,9 @@ def test_a_change_of_one_node_sends_only_that_nodes_next_report_through_a_transa
         == ["r2"]
 
 
-@contextlib.contextmanager
-def credential_lookups(store: Store) -> Iterator[list[str]]:
+def credential_lookups(store: Store) -> contextlib.AbstractContextManager[list[str]]:
     """The statements that look a node credential up (the transaction path's first)."""
-    seen: list[str] = []
-
-    def note(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
-        if "credential_hash" in sql:
-            seen.append(sql)
-
-    event.listen(store.engine, "before_cursor_execute", note)
-    try:
-        yield seen
-    finally:
-        event.remove(store.engine, "before_cursor_execute", note)
+    return statements(store, "credential_hash")
 
 
 def test_an_agent_back_after_stopping_is_used_again_whichever_worker_hears_it(
