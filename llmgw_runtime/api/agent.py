@@ -124,6 +124,17 @@ class Weights(Message):
         default_factory=dict, max_length=MAX_SOURCES)
 
 
+def twice(what: str, items: list[DeviceReport] | list[ReplicaReport] | None) -> str | None:
+    """``"replicas: id 'r1' appears twice"`` for the first id of ``items`` that repeats
+    (a report's and a heartbeat's devices and replicas each name an id once), or None."""
+    seen: set[object] = set()
+    for item in items or ():
+        if item.id in seen:
+            return f"{what}: id {item.id!r} appears twice"
+        seen.add(item.id)
+    return None
+
+
 class Report(Message):
     """A node's report, every few seconds; answered with :class:`ReportAnswer`."""
 
@@ -146,13 +157,10 @@ class Report(Message):
 
     @model_validator(mode="after")
     def _unique(self) -> Report:
-        for what, keys in (("devices", [d.id for d in self.devices]),
-                           ("replicas", [r.id for r in self.replicas])):
-            seen: set[object] = set()
-            for key in keys:
-                if key in seen:
-                    raise ValueError(f"{what}: id {key!r} appears twice")
-                seen.add(key)
+        for what, items in (("devices", self.devices), ("replicas", self.replicas)):
+            problem = twice(what, items)
+            if problem is not None:
+                raise ValueError(problem)
         return self
 
 

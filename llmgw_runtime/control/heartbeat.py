@@ -16,7 +16,14 @@ from typing import Any
 
 from flask import current_app, g, request
 
-from ..api.agent import Heartbeat, HeartbeatAnswer, Report, ReportAnswer, report_digest
+from ..api.agent import (
+    Heartbeat,
+    HeartbeatAnswer,
+    Report,
+    ReportAnswer,
+    report_digest,
+    twice,
+)
 from ..api.parse import parse_json
 from ..errors import ForbiddenError, ValidationError
 from ..store import repo
@@ -95,15 +102,8 @@ def _same_node(principal: str, named: str) -> None:
 
 def _unique(beat: Heartbeat) -> None:
     """Replica and device ids appear once each, as in a report."""
-    problems = []
-    for what, keys in (("replicas", [r.id for r in beat.replicas or ()]),
-                       ("devices", [d.id for d in beat.devices or ()])):
-        seen: set[object] = set()
-        for key in keys:
-            if key in seen:
-                problems.append(f"{what}: id {key!r} appears twice")
-                break
-            seen.add(key)
+    problems = [p for p in (twice("replicas", beat.replicas), twice("devices", beat.devices))
+                if p is not None]
     if problems:
         raise ValidationError("the heartbeat is malformed; nothing of it was used",
                               details=problems)
