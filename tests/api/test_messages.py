@@ -141,3 +141,11 @@ def test_a_hostile_value_of_each_new_field_is_named(cls: Any, base: dict[str, An
                                                     field: str, bad: Any) -> None:
     details = problems_of(cls, {**base, field: bad})
     assert any(d.startswith(field) for d in details), details
+
+
+def test_a_report_naming_a_device_or_replica_twice_is_refused_naming_the_id() -> None:
+    ready = {"id": "r1", "state": "ready"}
+    assert any("devices: id 0 appears twice" in p
+               for p in problems_of(Report, report(devices=[CPU, CPU])))
+    assert any("replicas: id 'r1' appears twice" in p
+               for p in problems_of(Report, report(replicas=[ready, ready])))
