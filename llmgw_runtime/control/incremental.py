@@ -39,7 +39,7 @@ name, replicas by model and start.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
@@ -87,6 +87,16 @@ def _chunks(keys: Iterable[str]) -> Iterable[list[str]]:
     ordered = sorted(keys)
     for i in range(0, len(ordered), CHUNK):
         yield ordered[i:i + CHUNK]
+
+
+def _named(conn: Connection, table: Any, names: set[str],
+           make: Callable[[Any], SimpleNamespace]) -> dict[str, SimpleNamespace]:
+    """The rows of ``table`` (models, nodes: keyed by ``name``) named in ``names``."""
+    found: dict[str, SimpleNamespace] = {}
+    for chunk in _chunks(names):
+        found.update((row.name, make(row)) for row in conn.execute(
+            sa.select(table).where(table.c.name.in_(chunk))))
+    return found
 
 
 def _same(old: Any, new: Any) -> Any:
@@ -174,10 +184,7 @@ class View:
         names = set(names)
         if not names:
             return
-        found: dict[str, SimpleNamespace] = {}
-        for chunk in _chunks(names):
-            found.update((m.name, record(m)) for m in conn.execute(
-                sa.select(models_table).where(models_table.c.name.in_(chunk))))
+        found = _named(conn, models_table, names, record)
         hashes = {}
         for name in names:
             before = self.models.get(name)
@@ -201,11 +208,8 @@ class View:
         names = set(names)
         if not names:
             return
-        found: dict[str, SimpleNamespace] = {}
-        for chunk in _chunks(names):
-            found.update((n.name, node_record(n)) for n in conn.execute(
-                sa.select(nodes_table).where(nodes_table.c.name.in_(chunk))))
-        self.nodes = self._merged(self.nodes, found, names)
+        self.nodes = self._merged(self.nodes, _named(conn, nodes_table, names, node_record),
+                                  names)
 
     def _read_replicas(self, conn: Connection, ids: Iterable[str]) -> None:
         ids = set(ids)
