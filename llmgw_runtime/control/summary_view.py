@@ -42,6 +42,13 @@ class Decoded:
         self._replicas: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._at: dict[int, int] = {}       # row length -> index of last_report
 
+    def _keep(self, kept: dict[Any, Any], key: Any, value: Any) -> None:
+        """Keep ``value`` under ``key`` in one of the maps, which starts over when full."""
+        with self._lock:
+            if len(kept) >= self.limit:
+                kept.clear()
+            kept[key] = value
+
     def devices(self, name: str, text: str) -> tuple[Any, status_summary.Tally]:
         """A node's devices decoded, and their ``status.summary.device_tally``."""
         seen = self._devices.get(name)
@@ -49,10 +56,7 @@ class Decoded:
             return seen[1], seen[2]
         value = json.loads(text)
         tally = status_summary.device_tally(value)
-        with self._lock:
-            if len(self._devices) >= self.limit:
-                self._devices.clear()
-            self._devices[name] = (text, value, tally)
+        self._keep(self._devices, name, (text, value, tally))
         return value, tally
 
     def text(self, text: str) -> Any:
@@ -60,10 +64,7 @@ class Decoded:
             return self._texts[text]
         except KeyError:
             value = json.loads(text)
-        with self._lock:
-            if len(self._texts) >= self.limit:
-                self._texts.clear()
-            self._texts[text] = value
+        self._keep(self._texts, text, value)
         return value
 
     def model(self, row: Any) -> dict[str, Any]:
@@ -73,10 +74,7 @@ class Decoded:
         found = self._models.get(key)
         if found is None:
             found = repo.model_to_dict(row)
-            with self._lock:
-                if len(self._models) >= self.limit:
-                    self._models.clear()
-                self._models[key] = found
+            self._keep(self._models, key, found)
         return dict(found)
 
     def replica(self, row: Any, parts: list[Any] | None, now: float) -> dict[str, Any]:
@@ -88,10 +86,7 @@ class Decoded:
         found = self._replicas.get(key)
         if found is None:
             found = replica_view(row, parts, now)
-            with self._lock:
-                if len(self._replicas) >= self.limit:
-                    self._replicas.clear()
-                self._replicas[key] = found
+            self._keep(self._replicas, key, found)
         return dict(found)
 
     def node(self, row: Any) -> dict[str, Any]:
@@ -105,10 +100,7 @@ class Decoded:
         found = self._nodes.get(key)
         if found is None:
             found = self._node(row)
-            with self._lock:
-                if len(self._nodes) >= self.limit:
-                    self._nodes.clear()
-                self._nodes[key] = found
+            self._keep(self._nodes, key, found)
         return {**found, "last_report": row.last_report}
 
     def _node(self, row: Any) -> dict[str, Any]:
