@@ -1,22 +1,33 @@
 """Agent API: join, then report (a full report, or a heartbeat when nothing but replica
-states and device readings changed); the answer carries the node's assignments."""
+states and device readings changed); the answer carries the node's assignments.
+
+Most of a fleet's requests are steady nodes' heartbeats. :class:`SteadyHeartbeats` answers
+those a process can answer from memory before Flask's request machinery, with the same
+function the view uses (``heartbeat.steady_heartbeat``); everything else, errors included,
+is the view's."""
 
 from __future__ import annotations
 
 import hmac
+import io
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, Flask, jsonify, request
 
 from ..api.agent import JoinAnswer, JoinRequest
 from ..api.parse import parse_json
 from ..errors import ConflictError
-from ..security import hash_token, new_token
-from ..store import repo
-from .heartbeat import answer_heartbeat, answer_report
+from ..security import bearer, hash_token, new_token
+from ..store import failover, repo
+from ..throttle import key, of
+from .heartbeat import answer_heartbeat, answer_report, steady_heartbeat
 from .reports import Heartbeats, ReportCache
 from .resolve import Resolver
-from .web import now_of, require, store
+from .web import clock, now_of, require, store
+
+HEARTBEAT_PATH = "/api/v1/agent/heartbeat"
+STEADY_MAX_BYTES = 65536    # a larger heartbeat goes the view's way
 
 bp = Blueprint("agent", __name__, url_prefix="/api/v1/agent")
 
@@ -55,6 +66,53 @@ def install(app: Any, resolver: Resolver | None = None) -> None:
     app.extensions["llmgw.heartbeats"] = Heartbeats(lambda: app.extensions["llmgw.store"],
                                                     cache.forget)
     app.extensions["llmgw.resolver"] = resolver or Resolver()
+    if not app.config["LLMGW"].otel_endpoint:     # traced: every request gets its span
+        app.wsgi_app = SteadyHeartbeats(app, app.wsgi_app)  # type: ignore[method-assign]
+
+
+class SteadyHeartbeats:
+    """A WSGI layer answering a steady node's heartbeat from memory, without Flask's request
+    (its context, routing, hooks and response object were a tenth of a control worker's
+    CPU per heartbeat: docs/performance.md); any other request, and any heartbeat
+    :func:`.heartbeat.steady_heartbeat` declines, goes on to ``inner`` with its body. The
+    throttle of wrong tokens and the store's wait bound hold here as in the view."""
+
+    def __init__(self, app: Flask, inner: Callable[..., Iterable[bytes]]) -> None:
+        self.app, self.inner = app, inner
+        self.wait_s = app.config["LLMGW"].store_wait_s
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == HEARTBEAT_PATH and environ["REQUEST_METHOD"] == "POST":
+            body = self._answer(environ)
+            if body is not None:
+                start_response("200 OK", [("Content-Type", "application/json"),
+                                          ("Content-Length", str(len(body)))])
+                return [body]
+        return self.inner(environ, start_response)
+
+    def _answer(self, environ: dict[str, Any]) -> bytes | None:
+        token = bearer(environ.get("HTTP_AUTHORIZATION"))
+        length = environ.get("CONTENT_LENGTH") or ""
+        if token is None or not (length.isascii() and length.isdigit()) \
+                or not 0 < int(length) <= STEADY_MAX_BYTES:
+            return None
+        raw = environ["wsgi.input"].read(int(length))
+        environ["wsgi.input"] = io.BytesIO(raw)       # the view reads it again
+        peer = environ.get("REMOTE_ADDR")
+        with self.app.app_context():
+            if len(raw) != int(length) or \
+                    of(self.app.extensions).wait_s(key(peer or "-", token), clock()) > 0:
+                return None
+            failover.set_wait(self.wait_s)
+            try:
+                answer = steady_heartbeat(hash_token(token), raw, peer)
+            finally:
+                failover.set_wait(None)
+            if answer is None:
+                return None
+            # as jsonify writes it: compact, one line
+            return self.app.json.dumps(answer.to_json(), separators=(",", ":")).encode() \
+                + b"\n"
 
 
 @bp.post("/report")

@@ -11,7 +11,8 @@ from pathlib import Path
 from .. import tls, tracing
 from ..security import token_problem
 
-MAX_HISTORY_DAYS = 3650        # history_days' bound: ten years of hourly points
+MAX_HISTORY_DAYS = 3650
+WEB_WORKERS = ("auto", "gevent", "gthread")        # history_days' bound: ten years of hourly points
 
 
 def default_state_dir() -> Path:
@@ -25,7 +26,10 @@ class ControlConfig:
     host: str = "127.0.0.1"
     port: int = 8470
     workers: int = 2
-    threads: int = 8
+    threads: int = 8                    # gthread workers' (SQLite) threads each
+    # The web workers: "auto" (gevent on PostgreSQL, gthread on SQLite: control/worker.py
+    # says why), "gevent" or "gthread".
+    web_worker: str = "auto"
     # Connections each worker holds open: every agent and router keeps one alive, so at
     # least the number of agents (gunicorn's default, 1,000, refused the 1,001st agent).
     worker_connections: int = 5000
@@ -90,6 +94,12 @@ class ControlConfig:
             problems.append(f"LLMGW_PORT={self.port} is not a TCP port (1-65535)")
         if self.workers < 1:
             problems.append("LLMGW_WORKERS must be at least 1")
+        if self.web_worker not in WEB_WORKERS:
+            problems.append(f"LLMGW_WEB_WORKER={self.web_worker!r}: use one of "
+                            f"{', '.join(WEB_WORKERS)}")
+        elif self.web_worker == "gevent" and self.store_url.startswith("sqlite"):
+            problems.append("LLMGW_WEB_WORKER=gevent needs PostgreSQL: SQLite's file lock "
+                            "would stall a gevent worker's every connection (use auto)")
         if self.worker_connections < 1:
             problems.append("LLMGW_WORKER_CONNECTIONS must be at least 1 (each agent and "
                             "router keeps a connection open: at least the number of agents)")
@@ -178,6 +188,13 @@ class ControlConfig:
         from ..store.members import etcd_urls
 
         return etcd_urls(self.etcd_urls)
+
+    @property
+    def gevent_web(self) -> bool:
+        """Whether the web workers are gevent ones (control/worker.py)."""
+        if self.web_worker == "auto":
+            return not self.store_url.startswith("sqlite")
+        return self.web_worker == "gevent"
 
     @property
     def instance(self) -> str:

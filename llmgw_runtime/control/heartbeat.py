@@ -63,7 +63,7 @@ def answer_report(raw: bytes) -> ReportAnswer:
     if entry is None:
         return in_transaction(None, raw)
     held = held_of(parse_json(Report, raw, what="report"), report_digest(raw))
-    answer = steady(cache, heartbeats, entry, held)
+    answer = steady(cache, heartbeats, entry, held, request.remote_addr)
     if answer is None:
         return in_transaction(held, raw)
     cache.hold(entry.name, held)
@@ -88,11 +88,37 @@ def answer_heartbeat(raw: bytes) -> HeartbeatAnswer:
         _same_node(entry.name, beat.node)
     held = _merged(held, beat)
     if entry is not None:
-        answer = steady(cache, heartbeats, entry, held)
+        answer = steady(cache, heartbeats, entry, held, request.remote_addr)
         if answer is not None:
             cache.hold(entry.name, held)
             return HeartbeatAnswer(answer=answer)
     return HeartbeatAnswer(answer=in_transaction(held, None))
+
+
+def steady_heartbeat(token_hash: str, raw: bytes, peer: str | None) -> HeartbeatAnswer | None:
+    """A heartbeat answered from this process's memory alone (in an app context, without a
+    request's): what :func:`answer_heartbeat` answers for a steady node whose credential,
+    report and answer this process holds; None for anything else (a malformed heartbeat, a
+    credential or report not held here, a change to write): the Flask view then answers
+    it, errors included (``SteadyHeartbeats``)."""
+    cache, heartbeats = caches()
+    try:
+        beat = parse_json(Heartbeat, raw, what="heartbeat")
+        _unique(beat)
+    except ValidationError:
+        return None
+    if cache.current(store()) is None:
+        return None
+    entry = cache.nodes.get(token_hash)
+    held = cache.reports.get(beat.node)
+    if entry is None or held is None or held.digest != beat.digest or entry.name != beat.node:
+        return None
+    held = _merged(held, beat)
+    answer = steady(cache, heartbeats, entry, held, peer)
+    if answer is None:
+        return None
+    cache.hold(entry.name, held)
+    return HeartbeatAnswer(answer=answer)
 
 
 def _same_node(principal: str, named: str) -> None:
@@ -149,8 +175,9 @@ class AddressChecks:
         return problem
 
 
-def problem_of(report: Report, config: Any) -> str | None:
-    """What of the report is not used (its address), or the agent saying it stops."""
+def problem_of(report: Report, config: Any, peer: str | None) -> str | None:
+    """What of the report (sent from ``peer``) is not used (its address), or the agent
+    saying it stops."""
     if report.stopping:
         return ("its agent stopped and stopped its engines; the node is not used until "
                 "the agent runs again")
@@ -159,18 +186,18 @@ def problem_of(report: Report, config: Any) -> str | None:
     if checks is None:
         checks = ext["llmgw.address_checks"] = AddressChecks(config.agent_network_list,
                                                              ext["llmgw.resolver"])
-    return checks(report.address, request.remote_addr)
+    return checks(report.address, peer)
 
 
-def steady(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry,
-           held: Held) -> ReportAnswer | None:
-    """The answer to a report that repeats what is stored, from this process's caches, its
-    last report time and devices left to the heartbeat writer; None when the report must
-    be handled in a transaction."""
+def steady(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, held: Held,
+           peer: str | None) -> ReportAnswer | None:
+    """The answer to a report (sent from ``peer``) that repeats what is stored, from this
+    process's caches, its last report time and devices left to the heartbeat writer; None
+    when the report must be handled in a transaction."""
     report, config = held.report, current_app.config["LLMGW"]
     if report.node != entry.name or report.stopping:
         return None
-    problem = problem_of(report, config)
+    problem = problem_of(report, config, peer)
     address = report.address if problem is None else None
     if problem != entry.problem or address != entry.address or held.inventory != entry.inventory:
         return None
@@ -201,7 +228,7 @@ def in_transaction(held: Held | None, raw: bytes | None) -> ReportAnswer:
         report = got.report
         node, before = g.principal, g.node_row           # as stored before this report
         _same_node(node, report.node)
-        problem = problem_of(report, config)
+        problem = problem_of(report, config, request.remote_addr)
         reported = {r.id: r for r in report.replicas}
         now = now_of(conn)
         heartbeats.drop(node)                            # this write supersedes it

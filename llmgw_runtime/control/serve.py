@@ -1,6 +1,7 @@
-"""Serve the control service: gunicorn (gthread workers) answers the APIs and the console,
-and one reconciler process per control host decides (the leader lease lets only one
-host's reconciler act). The web workers never run a reconcile pass."""
+"""Serve the control service: gunicorn answers the APIs and the console (gevent workers
+with the router's HTTP/1.1 loop on PostgreSQL, gthread workers on SQLite:
+``control/worker.py``), and one reconciler process per control host decides (the leader
+lease lets only one host's reconciler act). The web workers never run a reconcile pass."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .config import ControlConfig
 from .reconcile import start_process
 
 log = logging.getLogger(__name__)
+WORKER = "llmgw_runtime.control.worker.ControlWorker"
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
@@ -36,7 +38,7 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             "workers": cfg.workers,
             "threads": cfg.threads,
             "worker_connections": cfg.worker_connections,
-            "worker_class": "gthread",
+            "worker_class": (WORKER if cfg.gevent_web else "gthread"),
             "timeout": 60,
             # Agents report every few seconds and routers poll every second over kept-alive
             # connections: a short server keep-alive races their reuse (RemoteDisconnected).

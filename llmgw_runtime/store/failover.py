@@ -207,3 +207,15 @@ class CommitWatchdog:
 
 
 WATCHDOG = CommitWatchdog()
+
+
+def renew_after_patch() -> None:
+    """Make this module's per-thread bound and its watchdog again, in a process where gevent
+    has just patched the standard library (the control service's gevent web workers,
+    ``control/worker.py``): both were made at import, before the patch, as an OS thread's
+    local (every greenlet of the worker would share one bound) and OS locks (a greenlet
+    waiting on one stops the event loop). The watchdog is renewed in place: other modules
+    hold it by name."""
+    global _BOUND
+    _BOUND = threading.local()
+    WATCHDOG.__init__()  # type: ignore[misc]

@@ -107,6 +107,13 @@ _HEARTBEAT = nodes.update().where(
     nodes.c.name == sa.bindparam("node"), nodes.c.last_report.is_not(None),
     nodes.c.last_report < sa.bindparam("at")).values(
     last_report=sa.bindparam("at"), devices=sa.bindparam("devices"))
+# PostgreSQL: one statement of fixed text (compiled once) for any number of rows.
+_HEARTBEATS_AT_ONCE = sa.text(
+    "UPDATE nodes SET last_report = beat.at, devices = beat.devices "
+    "FROM unnest(CAST(:names AS text[]), CAST(:ats AS double precision[]), "
+    "CAST(:devices AS text[])) AS beat(node, at, devices) "
+    "WHERE nodes.name = beat.node AND nodes.last_report IS NOT NULL "
+    "AND nodes.last_report < beat.at RETURNING nodes.name")
 
 
 def record_heartbeats(conn: Connection, rows: list[tuple[str, float, str]],
@@ -115,9 +122,19 @@ def record_heartbeats(conn: Connection, rows: list[tuple[str, float, str]],
     backwards, and never for a node whose agent said it stopped (NULL last report).
     ``telemetry``: the nodes whose devices differ from what was written last, named in
     the change log (kind telemetry) when refreshed. Returns the nodes not refreshed (their
-    stored state moved on meanwhile)."""
-    stale = [n for n, at, d in rows
-             if conn.execute(_HEARTBEAT, {"node": n, "at": at, "devices": d}).rowcount != 1]
+    stored state moved on meanwhile). On PostgreSQL all rows are one statement of three
+    arrays (a statement a row, or a VALUES list SQLAlchemy renders, cost a sixth of a
+    control worker's CPU at 1,000 reports a second); SQLite, one machine's store, takes
+    them one by one."""
+    if conn.dialect.name == "postgresql":
+        ordered = sorted(rows)           # rows locked in one order by every writer
+        done = set(conn.execute(_HEARTBEATS_AT_ONCE, {
+            "names": [n for n, _, _ in ordered], "ats": [at for _, at, _ in ordered],
+            "devices": [d for _, _, d in ordered]}).scalars())
+        stale = [n for n, _, _ in rows if n not in done]
+    else:
+        stale = [n for n, at, d in rows
+                 if conn.execute(_HEARTBEAT, {"node": n, "at": at, "devices": d}).rowcount != 1]
     changed = set(telemetry) - set(stale)
     if changed:
         fleet_changed(conn, telemetry=changed)

@@ -13,6 +13,7 @@ import pytest
 
 from llmgw_runtime.api.agent import report_digest
 from llmgw_runtime.control import reports
+from llmgw_runtime.control.agent_api import SteadyHeartbeats
 from llmgw_runtime.store import changes, repo
 
 from .conftest import CPU, Api, statements
@@ -167,3 +168,33 @@ def test_a_hostile_heartbeat_is_a_400_naming_the_field(api: Api) -> None:
         assert answer.status_code == 400, (field, answer.json)
         assert any(d.startswith(named) for d in answer.json["error"]["details"]), answer.json
     assert api.store.moves == moves
+
+
+def test_a_steady_heartbeat_is_answered_before_flask_with_the_views_own_bytes(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    cred = api.join()
+    _, digest = placed(api, cred)
+    app = api.client.application
+    layer = app.wsgi_app
+    assert isinstance(layer, SteadyHeartbeats)
+    hooks: list[str] = []
+    app.before_request_funcs.setdefault(None, []).append(lambda: hooks.append("flask"))
+    fast = beat(api, cred, digest)
+    assert fast.status_code == 200 and hooks == []     # no Flask request was made
+    monkeypatch.setattr(app, "wsgi_app", layer.inner)  # the view alone
+    slow = beat(api, cred, digest)
+    assert hooks == ["flask"]
+    assert fast.data == slow.data
+    assert fast.headers["Content-Type"] == slow.headers["Content-Type"] == "application/json"
+
+
+def test_an_address_refused_for_wrong_tokens_gets_the_views_429_not_a_steady_answer(
+        api: Api) -> None:
+    cred = api.join()
+    _, digest = placed(api, cred)
+    assert beat(api, cred, digest).status_code == 200
+    wrong = "llmgw-node-" + "x" * 40
+    statuses = [beat(api, wrong, digest).status_code for _ in range(12)]
+    assert statuses[-1] == 429
+    refused = beat(api, cred, digest)                  # the right credential, same address
+    assert refused.status_code == 429 and refused.headers["Retry-After"]

@@ -56,7 +56,12 @@ def _date() -> str:
 
 
 class RouterWorker(GeventWorker):
-    """gunicorn's gevent worker, each connection served by :class:`Connection`."""
+    """gunicorn's gevent worker, each connection served by :class:`Connection`. The
+    control service's web worker on PostgreSQL is one too (``control/worker.py``), under
+    its own name."""
+
+    software = "llmgw-router"       # SERVER_SOFTWARE
+    failed_text = _FAILED           # a 500's text when the app raised
 
     def handle(self, listener: Any, client: Any, addr: Any) -> None:
         client.setblocking(1)
@@ -87,6 +92,7 @@ class Connection:
         self.worker = worker
         self.sock = sock
         self.sendall = sender(sock)
+        self.failed_text = getattr(worker, "failed_text", _FAILED)
         cfg = worker.cfg
         self.keepalive_s = float(cfg.keepalive or 0)
         self.parser = httptools.HttpRequestParser(self)
@@ -99,12 +105,13 @@ class Connection:
         self.fields: list[tuple[bytes, bytes]] = []
         self.body: BodyIn | None = None          # the body the parser is filling
         name = listener.getsockname()
+        software = getattr(worker, "software", "llmgw-router")
         host, port = name[:2] if isinstance(name, tuple) else (str(name), "")
         self.base = {
             "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if cfg.is_ssl else "http",
             "wsgi.errors": sys.stderr, "wsgi.multithread": True,
             "wsgi.multiprocess": cfg.workers > 1, "wsgi.run_once": False,
-            "SCRIPT_NAME": "", "SERVER_SOFTWARE": "llmgw-router", "SERVER_NAME": str(host),
+            "SCRIPT_NAME": "", "SERVER_SOFTWARE": software, "SERVER_NAME": str(host),
             "SERVER_PORT": str(port), "gunicorn.socket": sock,
             "REMOTE_ADDR": addr[0] if isinstance(addr, tuple) else str(addr),
             "REMOTE_PORT": str(addr[1]) if isinstance(addr, tuple) else "",
@@ -264,7 +271,7 @@ class Connection:
             if body.error is None:
                 log.exception("the app failed on %s %s", environ["REQUEST_METHOD"],
                               environ["PATH_INFO"])
-            self.refuse(body.error or BadRequest(_500, _FAILED), lingers=not body.done)
+            self.refuse(body.error or BadRequest(_500, self.failed_text), lingers=not body.done)
             return False
         try:
             if body.error is not None:     # the body could not be read: the server answers
@@ -367,7 +374,7 @@ class Connection:
             except Exception as exc:
                 _log_broken(exc, environ)
                 if pending is not None:      # nothing went out yet: a plain 500 still can
-                    self.refuse(BadRequest(_500, _FAILED), lingers=False)
+                    self.refuse(BadRequest(_500, self.failed_text), lingers=False)
                 return False
             if not part:
                 continue

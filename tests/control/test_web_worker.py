@@ -1,0 +1,116 @@
+"""The control service's web workers (control/worker.py, control/serve.py): gevent with the
+router's HTTP/1.1 loop on PostgreSQL, gthread on SQLite; under gevent, psycopg2 waits on
+the event loop (the worker keeps serving while a connection is being made), a connection
+that gets no answer fails at its connect_timeout as libpq's own would, and each greenlet
+keeps its own store wait bound. The gevent parts run in a child process: patching the
+standard library is for a whole process."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from llmgw_runtime.control.config import ControlConfig
+from llmgw_runtime.control.serve import WORKER, _Gunicorn
+from llmgw_runtime.control.worker import DEFAULT_CONNECT_TIMEOUT_S, connect_timeout_s
+from llmgw_runtime.errors import ConfigError
+from llmgw_runtime.settings import load
+
+ROOT = Path(__file__).resolve().parents[2]
+PG = "postgresql://llmgw@127.0.0.1:5432/llmgw"
+
+
+def worker_class(config: ControlConfig) -> str:
+    return str(_Gunicorn(config).cfg.worker_class_str)
+
+
+def test_postgresql_gets_gevent_workers_and_sqlite_gthread_ones(tmp_path: Path) -> None:
+    assert worker_class(ControlConfig(state_dir=tmp_path)) == "gthread"
+    assert worker_class(ControlConfig(state_dir=tmp_path, database_url=PG)) == WORKER
+    assert worker_class(ControlConfig(state_dir=tmp_path, database_url=PG,
+                                      web_worker="gthread")) == "gthread"
+
+
+def test_a_web_worker_setting_that_cannot_work_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as bad:
+        load(ControlConfig, env={"LLMGW_WEB_WORKER": "gevent",
+                                 "LLMGW_STATE_DIR": str(tmp_path)})
+    assert "LLMGW_WEB_WORKER=gevent needs PostgreSQL" in str(bad.value.details)
+    with pytest.raises(ConfigError) as bad:
+        load(ControlConfig, env={"LLMGW_WEB_WORKER": "threads"})
+    assert "use one of auto, gevent, gthread" in str(bad.value.details)
+
+
+def test_connect_timeout_is_read_as_libpq_reads_it() -> None:
+    assert connect_timeout_s("host=a connect_timeout=5") == 5.0
+    assert connect_timeout_s("host=a connect_timeout=1") == 2.0      # libpq's floor
+    assert connect_timeout_s("host=a connect_timeout=0") is None     # no limit
+    assert connect_timeout_s("host=a") == DEFAULT_CONNECT_TIMEOUT_S
+
+
+def run_patched(body: str) -> str:
+    """``body`` in a fresh Python that patched the standard library as a control worker
+    does (ControlWorker.patch); its stdout."""
+    code = textwrap.dedent("""
+        from gevent import monkey
+        monkey.patch_all()
+        from llmgw_runtime.store import failover
+        from llmgw_runtime.control.worker import cooperative_psycopg2
+        failover.renew_after_patch()
+        cooperative_psycopg2()
+        import gevent, time
+    """) + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_store_that_never_answers_fails_at_connect_timeout_without_stopping_the_worker(
+        ) -> None:
+    # A server that accepts the connection and never says a word (a paused postmaster).
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        out = run_patched(f"""
+            import psycopg2
+            ticks = []
+            def tick():
+                while True:
+                    ticks.append(1)
+                    gevent.sleep(0.05)
+            ticker = gevent.spawn(tick)
+            started = time.monotonic()
+            try:
+                psycopg2.connect(host="127.0.0.1", port={silent.getsockname()[1]},
+                                 user="x", dbname="x", connect_timeout=2)
+            except psycopg2.OperationalError as exc:
+                print("error", exc)
+            print("took", round(time.monotonic() - started, 1), "ticks", len(ticks))
+        """)
+    finally:
+        silent.close()
+    error, took = out.splitlines()
+    assert error == "error timeout expired"
+    seconds, ticks = float(took.split()[1]), int(took.split()[3])
+    assert 1.9 <= seconds < 4
+    assert ticks >= 20          # the event loop ran while the connection waited
+
+
+def test_each_greenlet_keeps_its_own_store_wait_bound() -> None:
+    out = run_patched("""
+        seen = {}
+        def request(name, bound):
+            failover.set_wait(bound)
+            gevent.sleep(0.05)          # the other request sets its own meanwhile
+            seen[name] = failover.wait_s()
+        gevent.joinall([gevent.spawn(request, "a", 1.0), gevent.spawn(request, "b", 3.0)])
+        print(seen["a"], seen["b"])
+    """)
+    assert out.split() == ["1.0", "3.0"]
