@@ -221,7 +221,7 @@ class Bench:
                 capacity = max(row["rate"], row["done_rate"])
         last = self.rows[-1]
         period = last["period_s"] if last["held"] else last["period_s"] * 1.5
-        self.step("c", last["agents"], period, a.churn_window, churn=True)
+        self.step("c", last["agents"], a.churn_every or period, a.churn_window, churn=True)
         if len(self.controls) > 1:
             print(f"reconciler leaders (llmgw_leader = 1): {leaders(self.controls)}")
         print("largest tables: " + ", ".join(f"{name} {rows:,} rows {size / 2**20:.1f} MiB"
@@ -341,6 +341,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--window", type=float, default=0.0, help="seconds measured per step [15]")
     ap.add_argument("--churn-window", type=float, default=0.0,
                     help="seconds measured in scenario c [65: two applies]")
+    ap.add_argument("--churn-every", type=float, default=0.0,
+                    help="scenario c's report interval [the largest fleet's that held]")
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds between growing the fleet and measuring it (at least two "
                          "intervals; then until PostgreSQL's commits fall under "
