@@ -66,6 +66,34 @@ def _pid() -> int:
     return _PID[0]
 
 
+def _value_class() -> Any:
+    """prometheus_client's multiprocess value (a float in this worker's file), and in a
+    gevent worker without the lock and the fork check it takes on each update: there an
+    update runs whole (nothing in it lets another greenlet run) and the worker forks no
+    more. gevent's lock is Python code: an update costs 0.54 us without them against 1.03
+    us with them (300,000 counter increments under gevent), about 4 us of CPU of a
+    proxied request's eight updates (in flight up and down, the count, two histograms'
+    bucket and sum, the admission)."""
+    base = values.MultiProcessValue(process_identifier=_pid)
+    from gevent import monkey
+
+    if not monkey.is_module_patched("threading"):
+        return base
+
+    class GreenValue(base):  # type: ignore[misc,valid-type]
+        def inc(self, amount: float) -> None:
+            self._value += amount
+            self._timestamp = 0.0
+            self._file.write_value(self._key, self._value, 0.0)
+
+        def set(self, value: float, timestamp: float | None = None) -> None:
+            self._value = value
+            self._timestamp = timestamp or 0.0
+            self._file.write_value(self._key, self._value, self._timestamp)
+
+    return GreenValue
+
+
 class RouterMetrics:
     """The router's counters, histograms and gauge, and the registry ``/metrics`` shows."""
 
@@ -77,7 +105,7 @@ class RouterMetrics:
                 raise RuntimeError(
                     "prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set, "
                     "so each worker would count alone; import it only in the workers")
-            values.ValueClass = values.MultiProcessValue(process_identifier=_pid)
+            values.ValueClass = _value_class()
             # Values live in this worker's files; a scrape reads every worker's.
             multiprocess.MultiProcessCollector(self.registry, path=multiproc_dir)
             owner: CollectorRegistry | None = None
