@@ -20,11 +20,10 @@ from ..api.parse import parse_json
 from ..errors import ConflictError
 from ..security import bearer, hash_token, new_token
 from ..store import failover, repo
-from ..throttle import key, of
 from .heartbeat import answer_heartbeat, answer_report, steady_heartbeat
 from .reports import Heartbeats, ReportCache
 from .resolve import Resolver
-from .web import clock, now_of, require, store
+from .web import now_of, refused_s, require, store
 
 HEARTBEAT_PATH = "/api/v1/agent/heartbeat"
 STEADY_MAX_BYTES = 65536    # a larger heartbeat goes the view's way
@@ -92,17 +91,16 @@ class SteadyHeartbeats:
 
     def _answer(self, environ: dict[str, Any]) -> bytes | None:
         token = bearer(environ.get("HTTP_AUTHORIZATION"))
-        length = environ.get("CONTENT_LENGTH") or ""
-        if token is None or not (length.isascii() and length.isdigit()) \
-                or not 0 < int(length) <= STEADY_MAX_BYTES:
+        text = environ.get("CONTENT_LENGTH") or ""
+        length = int(text) if text.isascii() and text.isdigit() else 0
+        if token is None or not 0 < length <= STEADY_MAX_BYTES:
             return None
-        raw = environ["wsgi.input"].read(int(length))
+        raw = environ["wsgi.input"].read(length)
         environ["wsgi.input"] = io.BytesIO(raw)       # the view reads it again
         peer = environ.get("REMOTE_ADDR")
+        if len(raw) != length or refused_s(self.app.extensions, peer, token) > 0:
+            return None
         with self.app.app_context():
-            if len(raw) != int(length) or \
-                    of(self.app.extensions).wait_s(key(peer or "-", token), clock()) > 0:
-                return None
             failover.set_wait(self.wait_s)
             try:
                 answer = steady_heartbeat(hash_token(token), raw, peer)

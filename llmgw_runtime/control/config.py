@@ -11,8 +11,8 @@ from pathlib import Path
 from .. import tls, tracing
 from ..security import token_problem
 
-MAX_HISTORY_DAYS = 3650
-WEB_WORKERS = ("auto", "gevent", "gthread")        # history_days' bound: ten years of hourly points
+MAX_HISTORY_DAYS = 3650        # history_days' bound: ten years of hourly points
+WEB_WORKERS = ("auto", "gevent", "gthread")
 
 
 def default_state_dir() -> Path:

@@ -88,10 +88,9 @@ def answer_heartbeat(raw: bytes) -> HeartbeatAnswer:
         _same_node(entry.name, beat.node)
     held = _merged(held, beat)
     if entry is not None:
-        answer = steady(cache, heartbeats, entry, held, request.remote_addr)
-        if answer is not None:
-            cache.hold(entry.name, held)
-            return HeartbeatAnswer(answer=answer)
+        answered = _from_memory(cache, heartbeats, entry, held, request.remote_addr)
+        if answered is not None:
+            return answered
     return HeartbeatAnswer(answer=in_transaction(held, None))
 
 
@@ -113,7 +112,13 @@ def steady_heartbeat(token_hash: str, raw: bytes, peer: str | None) -> Heartbeat
     held = cache.reports.get(beat.node)
     if entry is None or held is None or held.digest != beat.digest or entry.name != beat.node:
         return None
-    held = _merged(held, beat)
+    return _from_memory(cache, heartbeats, entry, _merged(held, beat), peer)
+
+
+def _from_memory(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, held: Held,
+                 peer: str | None) -> HeartbeatAnswer | None:
+    """The heartbeat's answer from the caches (:func:`steady`), its merged report then
+    held; None when it must be written."""
     answer = steady(cache, heartbeats, entry, held, peer)
     if answer is None:
         return None

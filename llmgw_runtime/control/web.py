@@ -110,13 +110,13 @@ def _presented(kinds: tuple[str, ...]) -> str:
     worker process, by TCP peer address and the token's prefix: before any check)."""
     from flask import after_this_request
 
-    from ..throttle import TooManyFailures, key, of, retry_after
+    from ..throttle import TooManyFailures, retry_after
 
     token = bearer(request.headers.get("Authorization"))
     if token is None:
         raise AuthError("this API needs 'Authorization: Bearer <token>'; "
                         f"use {_either(kinds)} token")
-    wait = of(current_app.extensions).wait_s(key(request.remote_addr or "-", token), clock())
+    wait = refused_s(current_app.extensions, request.remote_addr, token)
     if wait > 0:
         def retry_header(resp: Any) -> Any:
             resp.headers["Retry-After"] = retry_after(wait)
@@ -126,6 +126,14 @@ def _presented(kinds: tuple[str, ...]) -> str:
         raise TooManyFailures(wait)
     g.required, g.token, g.token_hash = kinds, token, hash_token(token)
     return token
+
+
+def refused_s(extensions: Any, peer: str | None, token: str) -> float:
+    """Seconds the address ``peer`` is still refused for repeated wrong tokens of
+    ``token``'s kind (this app's throttle, throttle.py); 0 when it may try."""
+    from ..throttle import key, of
+
+    return of(extensions).wait_s(key(peer or "-", token), clock())
 
 
 def _either(kinds: tuple[str, ...]) -> str:

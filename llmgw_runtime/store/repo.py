@@ -165,17 +165,13 @@ def merge_rollout_state(conn: Connection, name: str, keys: dict[str, Any],
 
 _SPEC = frozenset(SPEC_COLUMNS)
 
-# What an assignment carries of its model (control/assignments.py).
-LAUNCH_FIELDS = frozenset({"source", "engine", "profile", "args", "sha256", "size_bytes",
-                           "slots"})
-
 
 def update_model(conn: Connection, name: str, **values: Any) -> None:
-    """Write a model's columns. A catalog field (what an assignment carries, or any other
-    the catalog defines: replicas, drain_timeout_s, ...) is logged, so the reconciler's
-    incremental view re-reads the model (it reads only the fleet's own columns each pass:
-    control/incremental.py); the fleet's own columns (load, parking, rollout state) are not."""
-    if LAUNCH_FIELDS.intersection(values) or _SPEC.intersection(values):
+    """Write a model's columns. A catalog field (what an assignment carries, replicas,
+    drain_timeout_s, ...) is logged, so the reconciler's incremental view re-reads the model
+    (it reads only the fleet's own columns each pass: control/incremental.py); the fleet's
+    own columns (load, parking, rollout state) are not."""
+    if _SPEC.intersection(values):
         fleet_changed(conn, models=(name,))
     conn.execute(models.update().where(models.c.name == name).values(**values))
 
