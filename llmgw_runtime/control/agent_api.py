@@ -20,7 +20,7 @@ from ..api.parse import parse_json
 from ..errors import ConflictError
 from ..security import bearer, hash_token, new_token
 from ..store import failover, repo
-from .heartbeat import answer_heartbeat, answer_report, steady_heartbeat
+from .heartbeat import answer_heartbeat, answer_report, repeated, steady_heartbeat
 from .reports import Heartbeats, ReportCache
 from .resolve import Resolver
 from .web import now_of, refused_s, require, store
@@ -62,8 +62,9 @@ def install(app: Any, resolver: Resolver | None = None) -> None:
     """The app's report caches, heartbeat writer and host name cache (one per process: each
     gunicorn worker loads its own app, control/serve.py starts its writer)."""
     cache = app.extensions["llmgw.reports"] = ReportCache()
-    app.extensions["llmgw.heartbeats"] = Heartbeats(lambda: app.extensions["llmgw.store"],
-                                                    cache.forget)
+    beats = app.extensions["llmgw.heartbeats"] = Heartbeats(
+        lambda: app.extensions["llmgw.store"], cache.forget)
+    cache.named = beats.unwritten
     app.extensions["llmgw.resolver"] = resolver or Resolver()
     if not app.config["LLMGW"].otel_endpoint:     # traced: every request gets its span
         app.wsgi_app = SteadyHeartbeats(app, app.wsgi_app)  # type: ignore[method-assign]
@@ -78,7 +79,8 @@ class SteadyHeartbeats:
 
     def __init__(self, app: Flask, inner: Callable[..., Iterable[bytes]]) -> None:
         self.app, self.inner = app, inner
-        self.wait_s = app.config["LLMGW"].store_wait_s
+        self.config = app.config["LLMGW"]
+        self.wait_s = self.config.store_wait_s
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == HEARTBEAT_PATH and environ["REQUEST_METHOD"] == "POST":
@@ -100,17 +102,16 @@ class SteadyHeartbeats:
         peer = environ.get("REMOTE_ADDR")
         if len(raw) != length or refused_s(self.app.extensions, peer, token) > 0:
             return None
-        with self.app.app_context():
-            failover.set_wait(self.wait_s)
-            try:
-                answer = steady_heartbeat(hash_token(token), raw, peer)
-            finally:
-                failover.set_wait(None)
-            if answer is None:
-                return None
-            # as jsonify writes it: compact, one line
-            return self.app.json.dumps(answer.to_json(), separators=(",", ":")).encode() \
-                + b"\n"
+        failover.set_wait(self.wait_s)
+        try:
+            token_hash = hash_token(token)
+            body = repeated(self.app.extensions, self.config, token_hash, raw, peer)
+            if body is None:
+                with self.app.app_context():
+                    body = steady_heartbeat(token_hash, raw, peer)
+            return body
+        finally:
+            failover.set_wait(None)
 
 
 @bp.post("/report")

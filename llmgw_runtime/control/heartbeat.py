@@ -12,6 +12,7 @@ control host, a restart) answers ``full_report``: the agent sends it at once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from flask import current_app, g, request
@@ -94,25 +95,79 @@ def answer_heartbeat(raw: bytes) -> HeartbeatAnswer:
     return HeartbeatAnswer(answer=in_transaction(held, None))
 
 
-def steady_heartbeat(token_hash: str, raw: bytes, peer: str | None) -> HeartbeatAnswer | None:
+@dataclass(frozen=True)
+class Answered:
+    """A steady heartbeat's answer as sent, with what it was answered from. The same bytes
+    from the same address get the same answer while each of these is still what the caches
+    hold: a change replaces the cached object (a new entry, report, answer or sources), so
+    each is compared by identity."""
+
+    raw: bytes
+    peer: str | None
+    entry: NodeEntry
+    held: Held
+    hit: Answer
+    sources: tuple[list[str], str]
+    interval_s: float
+    body: bytes
+
+
+def steady_heartbeat(token_hash: str, raw: bytes, peer: str | None) -> bytes | None:
     """A heartbeat answered from this process's memory alone (in an app context, without a
-    request's): what :func:`answer_heartbeat` answers for a steady node whose credential,
-    report and answer this process holds; None for anything else (a malformed heartbeat, a
-    credential or report not held here, a change to write): the Flask view then answers
-    it, errors included (``SteadyHeartbeats``)."""
+    request's), as the bytes of what :func:`answer_heartbeat` answers for a steady node
+    whose credential, report and answer this process holds; None for anything else (a
+    malformed heartbeat, a credential or report not held here, a change to write): the
+    Flask view then answers it, errors included (``SteadyHeartbeats``). What it answers is
+    remembered (``Answered``) for :func:`repeated`."""
     cache, heartbeats = caches()
+    if cache.current(store()) is None:
+        return None
+    entry = cache.nodes.get(token_hash)
+    if entry is None:
+        return None
+    config = current_app.config["LLMGW"]
     try:
         beat = parse_json(Heartbeat, raw, what="heartbeat")
         _unique(beat)
     except ValidationError:
         return None
-    if cache.current(store()) is None:
+    held = cache.reports.get(beat.node)
+    if held is None or held.digest != beat.digest or entry.name != beat.node:
+        return None
+    held = _merged(held, beat)
+    found = steady_from(cache, heartbeats, entry, held, peer)
+    if found is None:
+        return None
+    answer, hit, sources = found
+    cache.hold(entry.name, held)
+    # as jsonify writes it: compact, one line
+    body = current_app.json.dumps(HeartbeatAnswer(answer=answer).to_json(),
+                                  separators=(",", ":")).encode() + b"\n"
+    cache.remember(Answered(raw, peer, entry, held, hit, sources, config.report_interval_s,
+                            body))
+    return body
+
+
+def repeated(ext: Any, config: Any, token_hash: str, raw: bytes,
+             peer: str | None) -> bytes | None:
+    """The answer to a heartbeat that repeats, byte for byte and from the same address, the
+    last one :func:`steady_heartbeat` answered for its node, while what answered it is still
+    what the caches hold (``Answered``): the same bytes, without parsing or deciding it
+    again; None otherwise. ``ext``: the app's extensions (no app context needed)."""
+    cache: ReportCache = ext["llmgw.reports"]
+    db: Any = ext["llmgw.store"]
+    if cache.current(db) is None:
         return None
     entry = cache.nodes.get(token_hash)
-    held = cache.reports.get(beat.node)
-    if entry is None or held is None or held.digest != beat.digest or entry.name != beat.node:
+    last: Answered | None = cache.answered.get(entry.name) if entry is not None else None
+    if (last is None or last.raw != raw or last.peer != peer or last.entry is not entry
+            or last.held is not cache.reports.get(entry.name)
+            or last.hit is not cache.answers.get(entry.name) or last.sources is not cache.sources
+            or last.interval_s != config.report_interval_s
+            or address_checks(ext, config)(last.held.report.address, peer) != entry.problem):
         return None
-    return _from_memory(cache, heartbeats, entry, _merged(held, beat), peer)
+    ext["llmgw.heartbeats"].put(entry.name, db.clock_cached(), last.held.devices)
+    return last.body
 
 
 def _from_memory(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, held: Held,
@@ -186,12 +241,16 @@ def problem_of(report: Report, config: Any, peer: str | None) -> str | None:
     if report.stopping:
         return ("its agent stopped and stopped its engines; the node is not used until "
                 "the agent runs again")
-    ext = current_app.extensions
+    return address_checks(current_app.extensions, config)(report.address, peer)
+
+
+def address_checks(ext: Any, config: Any) -> AddressChecks:
+    """The app's :class:`AddressChecks` (``ext``: its extensions), made at first use."""
     checks: AddressChecks | None = ext.get("llmgw.address_checks")
     if checks is None:
         checks = ext["llmgw.address_checks"] = AddressChecks(config.agent_network_list,
                                                              ext["llmgw.resolver"])
-    return checks(report.address, peer)
+    return checks
 
 
 def steady(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, held: Held,
@@ -199,6 +258,13 @@ def steady(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, held: H
     """The answer to a report (sent from ``peer``) that repeats what is stored, from this
     process's caches, its last report time and devices left to the heartbeat writer; None
     when the report must be handled in a transaction."""
+    found = steady_from(cache, heartbeats, entry, held, peer)
+    return None if found is None else found[0]
+
+
+def steady_from(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, held: Held,
+                peer: str | None) -> tuple[ReportAnswer, Answer, tuple[list[str], str]] | None:
+    """:func:`steady`'s answer with the cached answer and sources it was made from."""
     report, config = held.report, current_app.config["LLMGW"]
     if report.node != entry.name or report.stopping:
         return None
@@ -214,7 +280,8 @@ def steady(cache: ReportCache, heartbeats: Heartbeats, entry: NodeEntry, held: H
         return None
     g.principal_kind, g.principal = "node", entry.name
     heartbeats.put(entry.name, store().clock_cached(), held.devices)
-    return report_answer(report, config.report_interval_s, hit.assignments, problem, sources)
+    return (report_answer(report, config.report_interval_s, hit.assignments, problem, sources),
+            hit, sources)
 
 
 def in_transaction(held: Held | None, raw: bytes | None) -> ReportAnswer:

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 GENERATION_TTL_S = 0.25     # how stale this process's view of the generation may be
 FLUSH_EVERY_S = 0.25        # how long a refreshed last report time may wait to be written
+REWRITE_DEVICES_S = 60.0    # unchanged devices are written again after this long
 
 
 # ------------------------------------------------------------------ pure: what changes
@@ -270,7 +271,10 @@ class Held:
 class ReportCache:
     """Per process: credentials, node states, answers, the nodes' last full reports and the
     catalog's sources, brought up to the store's "fleet" generation (:meth:`current`) by
-    forgetting what the change log names since the generation they reflect (``seen``)."""
+    forgetting what the change log names since the generation they reflect (``seen``).
+    The sources are read again with the log when a model changed: a catalog apply leaves
+    every steady node's heartbeat in memory (before, each then went through a transaction
+    until one of them cached the sources again: a storm of them at 10,000 nodes)."""
 
     LIMIT = 20_000      # entries of each map (a fleet larger than this is re-read in full)
 
@@ -280,10 +284,13 @@ class ReportCache:
         self.answers: dict[str, Answer] = {}        # node name -> answer
         self.reports: dict[str, Held] = {}          # node name -> its last full report
         self.sources: tuple[list[str], str] | None = None
+        self.answered: dict[str, Any] = {}          # node name -> its last steady answer
         self.seen: int | None = None                # the generation all of it reflects
         self._applied: deque[Applied] = deque(maxlen=256)   # what the last polls forgot
         self._polled: tuple[float, int] = (-1e9, 0)  # (when, the store's moves then)
         self._lock = threading.Lock()
+        # told the nodes the change log named (None: perhaps any): Heartbeats.unwritten
+        self.named: Callable[[Collection[str] | None], None] = lambda nodes: None
 
     def current(self, store: Store) -> int | None:
         """The generation the caches reflect, read at most ``GENERATION_TTL_S`` ago, and at
@@ -297,12 +304,20 @@ class ReportCache:
             if time.monotonic() - at <= GENERATION_TTL_S and moves == store.moves:
                 return self.seen
             moves = store.moves                # this process's own writes: seen at once
+            sources = None
             try:
                 with store.begin() as conn:
                     changed: Changed | None = changes.since(conn, self.seen)
+                    if self.sources is None or changed.everything or changed.models:
+                        sources = self._read_sources(conn)
             except StoreError:
                 changed = None
+            kept = self.sources
             self._apply(changed)
+            if sources is not None and changed is not None:
+                # read after the log, so at least as new as what it names; the same
+                # sources stay the same object (heartbeat.Answered holds it)
+                self.sources = kept if kept == sources else sources
             self._polled = (time.monotonic(), moves)
         return self.seen
 
@@ -312,6 +327,7 @@ class ReportCache:
         its nodes changed; the sources, and the answers that run a model, when the model
         did. Telemetry (device readings) changes nothing cached. Held reports stay: they
         are what the agents said."""
+        self.named(None if changed is None or changed.everything else changed.nodes)
         if changed is None or changed.everything:
             self.nodes.clear()
             self.credential_of.clear()
@@ -390,6 +406,12 @@ class ReportCache:
             self.reports.clear()
         self.reports[node] = held
 
+    def remember(self, answered: Any) -> None:
+        """Keep a node's last steady heartbeat answer (``heartbeat.Answered``)."""
+        if len(self.answered) >= self.LIMIT and answered.entry.name not in self.answered:
+            self.answered.clear()
+        self.answered[answered.entry.name] = answered
+
     def answer(self, node: str, devices: tuple[Any, ...]) -> Answer | None:
         hit = self.answers.get(node)
         return hit if hit is not None and hit.devices == devices else None
@@ -399,6 +421,10 @@ class ReportCache:
         directories): cached ones, else read in ``conn``."""
         if self.sources is not None:
             return self.sources
+        return self._read_sources(conn)
+
+    @staticmethod
+    def _read_sources(conn: Any) -> tuple[list[str], str]:
         sources = repo.model_sources(conn)
         return sources, hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
 
@@ -411,7 +437,11 @@ class Heartbeats:
     it stopped (``repo.record_heartbeats``); a report written in a transaction drops the
     node's pending heartbeat. A node whose devices differ from what this writer wrote of
     it last is named in the change log (kind telemetry: the reconciler reads its devices
-    again); one whose last report time only moved is not."""
+    again); one whose last report time only moved is not, and its devices are not sent
+    (most of a steady fleet's batch was their text, quoted, parsed and stored again
+    unchanged): unless :data:`REWRITE_DEVICES_S` passed since they were written, or
+    the change log named the node since (:meth:`unwritten`: another process may have
+    written its devices), so what is stored never lags what the agent said for long."""
 
     def __init__(self, store_of: Callable[[], Store], stale: Callable[[list[str]], None],
                  every_s: float = FLUSH_EVERY_S) -> None:
@@ -419,7 +449,8 @@ class Heartbeats:
         self.stale = stale                     # told the nodes whose state moved on
         self.every_s = every_s
         self.pending: dict[str, tuple[float, str]] = {}
-        self.written: dict[str, int] = {}      # node -> hash of the devices written last
+        # node -> (hash of the devices written last, when: time.monotonic())
+        self.written: dict[str, tuple[int, float]] = {}
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.stopped = threading.Event()
@@ -451,17 +482,38 @@ class Heartbeats:
             self.pending.pop(node, None)
             self.written.pop(node, None)
 
+    def unwritten(self, nodes: Collection[str] | None) -> None:
+        """The change log named ``nodes`` (None: perhaps any node): another process may
+        have written their devices, so their next heartbeat sends them again (named in the
+        log only if they differ from what this writer wrote last, as always)."""
+        with self.lock:
+            names = list(self.written) if nodes is None else nodes
+            for node in names:
+                last = self.written.get(node)
+                if last is not None:
+                    self.written[node] = (last[0], float("-inf"))
+
     def _write(self, batch: dict[str, tuple[float, str]]) -> list[str]:
         """Write ``batch``; returns the nodes whose stored state moved on."""
-        rows = [(node, at, devices) for node, (at, devices) in batch.items()]
-        changed = [node for node, (_, devices) in batch.items()
-                   if self.written.get(node) != hash(devices)]
+        now = time.monotonic()
+        rows: list[tuple[str, float, str | None]] = []
+        changed, sent = [], []
+        for node, (at, devices) in batch.items():
+            code = hash(devices)
+            last = self.written.get(node)
+            if last is None or last[0] != code:
+                changed.append(node)
+            if last is None or last[0] != code or now - last[1] >= REWRITE_DEVICES_S:
+                rows.append((node, at, devices))
+                sent.append((node, (code, now)))
+            else:
+                rows.append((node, at, None))
         stale = self.store_of().write(
             lambda conn: repo.record_heartbeats(conn, rows, telemetry=changed))
         with self.lock:
             if len(self.written) >= ReportCache.LIMIT:
                 self.written.clear()
-            self.written.update((node, hash(devices)) for node, (_, devices) in batch.items())
+            self.written.update(sent)
             for node in stale:
                 self.written.pop(node, None)
         return stale

@@ -133,7 +133,10 @@ def refused_s(extensions: Any, peer: str | None, token: str) -> float:
     ``token``'s kind (this app's throttle, throttle.py); 0 when it may try."""
     from ..throttle import key, of
 
-    return of(extensions).wait_s(key(peer or "-", token), clock())
+    throttle = of(extensions)
+    if not throttle:                      # no address has failed lately
+        return 0.0
+    return throttle.wait_s(key(peer or "-", token), clock())
 
 
 def _either(kinds: tuple[str, ...]) -> str:

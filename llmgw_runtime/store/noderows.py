@@ -106,20 +106,22 @@ def record_report(conn: Connection, name: str, report: Report, now: float,
 _HEARTBEAT = nodes.update().where(
     nodes.c.name == sa.bindparam("node"), nodes.c.last_report.is_not(None),
     nodes.c.last_report < sa.bindparam("at")).values(
-    last_report=sa.bindparam("at"), devices=sa.bindparam("devices"))
+    last_report=sa.bindparam("at"),
+    devices=sa.func.coalesce(sa.bindparam("devices", type_=sa.Text), nodes.c.devices))
 # PostgreSQL: one statement of fixed text (compiled once) for any number of rows.
 _HEARTBEATS_AT_ONCE = sa.text(
-    "UPDATE nodes SET last_report = beat.at, devices = beat.devices "
+    "UPDATE nodes SET last_report = beat.at, devices = COALESCE(beat.devices, nodes.devices) "
     "FROM unnest(CAST(:names AS text[]), CAST(:ats AS double precision[]), "
     "CAST(:devices AS text[])) AS beat(node, at, devices) "
     "WHERE nodes.name = beat.node AND nodes.last_report IS NOT NULL "
     "AND nodes.last_report < beat.at RETURNING nodes.name")
 
 
-def record_heartbeats(conn: Connection, rows: list[tuple[str, float, str]],
+def record_heartbeats(conn: Connection, rows: list[tuple[str, float, str | None]],
                       telemetry: Collection[str] = ()) -> list[str]:
-    """Refresh nodes' last report time and devices (node, time, devices JSON): never
-    backwards, and never for a node whose agent said it stopped (NULL last report).
+    """Refresh nodes' last report time and devices (node, time, devices JSON, or None to
+    keep the stored devices: the writer knows them unchanged): never backwards, and never
+    for a node whose agent said it stopped (NULL last report).
     ``telemetry``: the nodes whose devices differ from what was written last, named in
     the change log (kind telemetry) when refreshed. Returns the nodes not refreshed (their
     stored state moved on meanwhile). On PostgreSQL all rows are one statement of three

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from llmgw_runtime.api.agent import report_digest
-from llmgw_runtime.control import reports
+from llmgw_runtime.control import heartbeat, reports
 from llmgw_runtime.control.agent_api import SteadyHeartbeats
 from llmgw_runtime.store import changes, repo
 
@@ -198,3 +199,100 @@ def test_an_address_refused_for_wrong_tokens_gets_the_views_429_not_a_steady_ans
     assert statuses[-1] == 429
     refused = beat(api, cred, digest)                  # the right credential, same address
     assert refused.status_code == 429 and refused.headers["Retry-After"]
+
+
+def test_a_repeated_heartbeat_gets_its_last_bytes_until_what_answered_it_changes(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    cred = api.join()
+    rid, digest = placed(api, cred)
+    parsed: list[str] = []
+    real = heartbeat.parse_json
+
+    def counting(model: Any, raw: bytes, what: str) -> Any:
+        parsed.append(what)
+        return real(model, raw, what=what)
+
+    monkeypatch.setattr(heartbeat, "parse_json", counting)
+    first = beat(api, cred, digest)
+    assert first.status_code == 200 and parsed == ["heartbeat"]
+    again = beat(api, cred, digest)                    # the same bytes: not parsed again
+    assert again.data == first.data and parsed == ["heartbeat"]
+    readings = beat(api, cred, digest, devices=[{**CPU, "memory_used_mb": 5}])
+    assert readings.status_code == 200 and parsed == ["heartbeat"] * 2
+    beat(api, cred, digest)                            # other bytes than the last: parsed
+    assert parsed == ["heartbeat"] * 3
+    elsewhere = api.call("POST", HEARTBEAT, cred, json={"node": "n1", "digest": digest},
+                         environ_base={"REMOTE_ADDR": "127.0.0.2"})
+    assert elsewhere.status_code == 200 and len(parsed) > 3   # another address: decided
+    beat(api, cred, digest)
+    with api.store.begin() as conn:                    # n1's replica stops: a new answer
+        repo.update_replica(conn, rid, desired=0)
+    monkeypatch.setattr(reports, "GENERATION_TTL_S", 0.0)
+    moved = beat(api, cred, digest)
+    assert moved.status_code == 200 and moved.json["answer"]["assignments"] == []
+
+
+def test_unchanged_devices_are_not_sent_again_unless_another_writer_wrote_the_node(
+        api: Api, batched: reports.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
+    cred = api.join()
+    _, digest = placed(api, cred)
+    monkeypatch.setattr(reports, "GENERATION_TTL_S", 0.0)   # every request reads the log
+    mine, theirs = [{**CPU, "memory_used_mb": 1000}], [{**CPU, "memory_used_mb": 9}]
+    sent: list[Any] = []
+
+    def note(conn: Any, cursor: Any, sql: str, params: Any, *args: Any) -> None:
+        if sql.startswith("UPDATE nodes SET last_report"):    # with the devices or not
+            values = params.values() if isinstance(params, dict) else params
+            sent.append(any("memory_used_mb" in str(v) for v in values))
+
+    def stored() -> Any:
+        with api.store.begin() as conn:
+            node = repo.get_node(conn, "n1")
+        assert node is not None
+        return json.loads(node.devices)[0]["memory_used_mb"]
+
+    event.listen(api.store.engine, "before_cursor_execute", note)
+    try:
+        for _ in range(3):                                   # the same readings
+            assert beat(api, cred, digest, devices=mine).status_code == 200
+            batched.flush()
+        assert stored() == 1000
+        # the first logged them (this process then sends them once more, as it would
+        # after another writer's change); from then on the batch moves the time only
+        assert sent[0] and not sent[-1]
+        with api.store.begin() as conn:                      # another host writes n1
+            repo.record_heartbeats(conn, [("n1", api.store.now(conn), json.dumps(theirs))],
+                                   telemetry=["n1"])
+        assert stored() == 9
+        assert beat(api, cred, digest, devices=mine).status_code == 200
+        batched.flush()
+        assert stored() == 1000                              # what this agent says, again
+    finally:
+        event.remove(api.store.engine, "before_cursor_execute", note)
+
+
+def test_a_catalog_apply_elsewhere_leaves_steady_heartbeats_in_memory(
+        api: Api, batched: reports.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
+    cred = api.join()
+    rid, digest = placed(api, cred)
+    assert beat(api, cred, digest).status_code == 200
+    monkeypatch.setattr(reports, "GENERATION_TTL_S", 0.0)   # every request reads the log
+    parsed: list[str] = []
+    real = heartbeat.parse_json
+    monkeypatch.setattr(heartbeat, "parse_json",
+                        lambda model, raw, what: parsed.append(what) or real(model, raw,
+                                                                            what=what))
+    other = CATALOG + """  - name: other
+    source: file:///models/tiny.gguf
+    engine: llama.cpp
+    profile: {class: h100-80g}
+    replicas: %d
+"""
+    for replicas in (1, 2):                       # a model n1 does not run: added, changed
+        assert api.call("PUT", "/api/v1/catalog", data=other % replicas).status_code == 200
+        with statements(api.store) as sql:
+            answer = beat(api, cred, digest)
+        assert [a["replica_id"] for a in answer.json["answer"]["assignments"]] == [rid]
+        touched = [s for s in sql if "nodes" in s or "replicas" in s]
+        assert touched == [], touched              # not the transaction path
+    assert parsed == []                            # the same sources: the same answer

@@ -43,3 +43,15 @@ def test_a_batch_refreshes_its_nodes_forward_only_and_names_the_ones_that_moved_
         logged = changes.since(conn, last)
     # only the refreshed nodes whose readings changed reach the change log
     assert logged.nodes == logged.telemetry_only == {"n1", "n5"}
+
+
+def test_a_heartbeat_without_devices_moves_the_time_and_keeps_the_stored_devices(
+        store: Store) -> None:
+    gpu = json.dumps([{"id": 0, "memory_used_mb": 7}])
+    with store.begin() as conn:
+        repo.set_node_credential(conn, "n1", "n1" * 16, 100.0)
+        repo.record_report(conn, "n1", Report(node="n1", address="10.0.0.1"), 100.0)
+        assert noderows.record_heartbeats(conn, [("n1", 200.0, gpu)]) == []
+    with store.begin() as conn:
+        assert noderows.record_heartbeats(conn, [("n1", 300.0, None)]) == []
+    assert rows_of(store)["n1"] == (300.0, gpu)
