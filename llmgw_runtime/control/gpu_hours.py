@@ -180,18 +180,21 @@ class DeviceClock:
         self.pruned: float | None = None
         self.unwritten = False                  # a flush failed (warned once)
 
-    def observe(self, conn: Any, now: float, nodes: Iterable[Any]) -> None:
+    def observe(self, conn: Any, now: float, nodes: Iterable[Any],
+                replicas: tuple[list[Any], Mapping[str, list[Any]]] | None = None) -> None:
         """One pass, leading (``conn``: its transaction, the lease held, after the pass's
         changes; ``nodes``: the node rows the pass read): count the time since the
         previous pass with the devices held then, see what is held now (the replicas as
-        the pass left them); write when a minute is up."""
+        the pass left them: ``replicas``, the rows and parts it read when it wrote none,
+        else read again in ``conn``); write when a minute is up."""
         interval = counted(self.last, now, self.bound_s)
         if interval is not None:
             for bucket, seconds in split(*interval, self.held).items():
                 self.pending[bucket] = self.pending.get(bucket, 0.0) + seconds
         self.last = now
-        self.held = held(repo.list_replicas(conn), repo.parts_by_replica(conn), nodes, now,
-                         self.node_timeout_s)
+        rows, parts = replicas if replicas is not None else (repo.list_replicas(conn),
+                                                             repo.parts_by_replica(conn))
+        self.held = held(rows, parts, nodes, now, self.node_timeout_s)
         if self.flushed is None:
             self.flushed = now
         if now - self.flushed >= FLUSH_EVERY_S:

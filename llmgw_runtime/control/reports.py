@@ -307,9 +307,10 @@ class ReportCache:
             sources = None
             try:
                 with store.begin() as conn:
-                    changed: Changed | None = changes.since(conn, self.seen)
-                    if self.sources is None or changed.everything or changed.models:
+                    read = changes.since(conn, self.seen)
+                    if self.sources is None or read.everything or read.models:
                         sources = self._read_sources(conn)
+                changed: Changed | None = read
             except StoreError:
                 changed = None
             kept = self.sources

@@ -218,3 +218,24 @@ def test_a_store_that_fails_keeps_the_count_for_the_next_try(tmp_path: Any) -> N
     finally:
         broken.dispose()
     assert clock.pending == {(T0, "chat", "h100-80g"): 5.0} and clock.unwritten
+
+
+def test_a_pass_that_writes_no_replica_counts_from_the_rows_it_read(
+        priced: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    api, clock = priced
+    assert api.call("PUT", "/api/v1/catalog", data=CATALOG).status_code == 200
+    creds = {"n1": api.join("n1"), "n2": api.join("n2")}
+    _pass(api, clock, T0 - 1800, creds)             # places chat: its rows read again
+    reads: list[int] = []
+    real = gpu_hours.repo.list_replicas
+
+    def counting(conn: Any, **kw: Any) -> Any:
+        if not kw:                                  # every replica (not a node's)
+            reads.append(1)
+        return real(conn, **kw)
+
+    monkeypatch.setattr(gpu_hours.repo, "list_replicas", counting)
+    monkeypatch.setattr(api.reconciler.history, "tick", lambda *a: None)  # its own reads
+    _pass(api, clock, T0 - 900, creds)              # nothing to change: the view's rows
+    assert reads == []
+    assert api.reconciler.device_clock.held == {("chat", "h100-80g"): 1.0}
