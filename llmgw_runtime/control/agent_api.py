@@ -20,8 +20,9 @@ from ..api.parse import parse_json
 from ..errors import ConflictError
 from ..security import bearer, hash_token, new_token
 from ..store import failover, repo
+from .beats import Heartbeats
 from .heartbeat import answer_heartbeat, answer_report, repeated, steady_heartbeat
-from .reports import Heartbeats, ReportCache
+from .reports import ReportCache
 from .resolve import Resolver
 from .web import now_of, refused_s, require, store
 

@@ -30,9 +30,9 @@ from ..errors import ForbiddenError, ValidationError
 from ..store import repo
 from . import identity
 from .assignments import assignments_for, devices_key, part_id
+from .beats import Heartbeats
 from .reports import (
     Answer,
-    Heartbeats,
     Held,
     NodeEntry,
     ReportCache,

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import event
 
 from llmgw_runtime.api.agent import report_digest
-from llmgw_runtime.control import heartbeat, reports
+from llmgw_runtime.control import beats, heartbeat, reports
 from llmgw_runtime.control.agent_api import SteadyHeartbeats
 from llmgw_runtime.store import changes, repo
 
@@ -44,9 +44,9 @@ def beat(api: Api, cred: str, digest: str, node: str = "n1", **extra: Any) -> An
 
 
 @pytest.fixture
-def batched(api: Api, monkeypatch: pytest.MonkeyPatch) -> Iterator[reports.Heartbeats]:
+def batched(api: Api, monkeypatch: pytest.MonkeyPatch) -> Iterator[beats.Heartbeats]:
     """The app's heartbeat writer batching (as in a gunicorn worker), flushed by hand."""
-    beats: reports.Heartbeats = api.client.application.extensions["llmgw.heartbeats"]
+    beats: beats.Heartbeats = api.client.application.extensions["llmgw.heartbeats"]
     beats.every_s = 3600
     beats.start()
     yield beats
@@ -68,7 +68,7 @@ def placed(api: Api, cred: str) -> tuple[str, str]:
 
 
 def test_a_steady_heartbeat_is_answered_from_memory_with_no_store_statement(
-        api: Api, batched: reports.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
+        api: Api, batched: beats.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
     cred = api.join()
     rid, digest = placed(api, cred)
     assert beat(api, cred, digest).status_code == 200     # the caches are current now
@@ -92,7 +92,7 @@ def test_a_steady_heartbeat_is_answered_from_memory_with_no_store_statement(
 
 
 def test_a_change_of_another_node_leaves_the_heartbeat_in_memory_and_one_of_this_node_reaches_it(  # noqa: E501
-        api: Api, batched: reports.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
+        api: Api, batched: beats.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
     cred, other = api.join(), api.join("n2")
     full(api, other, node="n2")
     rid, digest = placed(api, cred)
@@ -233,7 +233,7 @@ def test_a_repeated_heartbeat_gets_its_last_bytes_until_what_answered_it_changes
 
 
 def test_unchanged_devices_are_not_sent_again_unless_another_writer_wrote_the_node(
-        api: Api, batched: reports.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
+        api: Api, batched: beats.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
     cred = api.join()
     _, digest = placed(api, cred)
     monkeypatch.setattr(reports, "GENERATION_TTL_S", 0.0)   # every request reads the log
@@ -272,7 +272,7 @@ def test_unchanged_devices_are_not_sent_again_unless_another_writer_wrote_the_no
 
 
 def test_a_catalog_apply_elsewhere_leaves_steady_heartbeats_in_memory(
-        api: Api, batched: reports.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
+        api: Api, batched: beats.Heartbeats, monkeypatch: pytest.MonkeyPatch) -> None:
     cred = api.join()
     rid, digest = placed(api, cred)
     assert beat(api, cred, digest).status_code == 200

@@ -117,7 +117,7 @@ class Ops:
 
     def heartbeat(self) -> None:
         """A steady agent's refreshed report time and device readings, through the
-        control service's batch writer (control/reports.py ``Heartbeats``)."""
+        control service's batch writer (control/beats.py ``Heartbeats``)."""
         if not self.creds:
             return
         node = self.rnd.choice(sorted(self.creds))

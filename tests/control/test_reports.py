@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from llmgw_runtime.api.agent import ReplicaReport, Report
-from llmgw_runtime.control import reports
+from llmgw_runtime.control import beats, reports
 from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.config import ControlConfig
 from llmgw_runtime.control.reports import head_change, part_change, unchanged
@@ -195,17 +195,17 @@ def test_batched_heartbeats_never_move_a_node_backwards_nor_revive_it(store: Sto
             repo.record_report(conn, name, Report(node=name, address="10.0.0.1"), now)
         repo.record_report(conn, "stopped", Report(node="stopped"), now, alive=False)
     forgotten: list[str] = []
-    beats = reports.Heartbeats(lambda: store, forgotten.extend, every_s=0.05)
-    beats.start()
+    writer = beats.Heartbeats(lambda: store, forgotten.extend, every_s=0.05)
+    writer.start()
     try:
-        beats.put("up", now - 10, "[]")                  # older than what is stored
-        beats.put("stopped", now + 1, "[]")
+        writer.put("up", now - 10, "[]")                  # older than what is stored
+        writer.put("stopped", now + 1, "[]")
         deadline = time.monotonic() + 5
         while len(forgotten) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        beats.put("up", now + 2, '[{"id": 0}]')
+        writer.put("up", now + 2, '[{"id": 0}]')
     finally:
-        beats.stop()                                     # writes what it still holds
+        writer.stop()                                     # writes what it still holds
     assert sorted(forgotten) == ["stopped", "up"]        # their next reports: in full
     with store.begin() as conn:
         up, stopped = repo.get_node(conn, "up"), repo.get_node(conn, "stopped")
