@@ -6,6 +6,7 @@ one node leaves the others' reports in the caches."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -281,3 +282,29 @@ def test_a_model_change_drops_the_sources_and_the_answers_running_it_only() -> N
     cache._apply(Changed(3, False, frozenset({"b", "c"}), frozenset({"c"}), frozenset(),
                          frozenset()))          # b's row changed; c's readings only
     assert sorted(cache.answers) == ["c"]
+
+
+def test_while_one_request_reads_the_change_log_the_others_use_the_last_read_unless_this_process_committed_since(  # noqa: E501
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = reports.ReportCache()
+    first = cache.current(store)
+    assert first is not None
+    monkeypatch.setattr(reports, "GENERATION_TTL_S", 0.0)     # every call reads it again
+
+    def request() -> tuple[threading.Thread, list[int | None]]:
+        got: list[int | None] = []
+        thread = threading.Thread(target=lambda: got.append(cache.current(store)), daemon=True)
+        thread.start()
+        thread.join(0.5)
+        return thread, got
+
+    with cache._lock:                        # another request is reading the log now
+        _, got = request()
+        assert got == [first]                                # answered at once meanwhile
+        with store.begin() as conn:                          # a commit of this process
+            repo.set_node_credential(conn, "n1", "h" * 32, 1.0)
+            repo.record_report(conn, "n1", Report(node="n1", address="10.0.0.1"), 1.0)
+        waiting, got = request()
+        assert waiting.is_alive() and got == []             # it waits for a read of its own
+    waiting.join(5)
+    assert got and got[0] is not None and got[0] > first
