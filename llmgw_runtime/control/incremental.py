@@ -110,11 +110,31 @@ def _patched(row: SimpleNamespace, values: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(**{**vars(row), **values})
 
 
+def _narrow(conn: Connection, table: Any, key: str, columns: tuple[str, ...]
+            ) -> dict[Any, tuple[Any, ...]]:
+    """``key`` -> (key, *columns) of every row of ``table``, read through the driver's own
+    cursor: plain tuples (thousands of rows each pass)."""
+    sql = str(sa.select(table.c[key], *(table.c[c] for c in columns))
+              .compile(dialect=conn.dialect))
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(sql)
+        return {values[0]: values for values in cursor.fetchall()}
+    finally:
+        cursor.close()
+
+
 class View:
     """The fleet as the leader last read it, and the change log generation it is at."""
 
-    def __init__(self, full_every: int = FULL_EVERY) -> None:
+    def __init__(self, full_every: int = FULL_EVERY, *, reports_apart: bool = False) -> None:
         self.full_every = full_every
+        # True (the status summary's view): a node's volatile columns, which move with
+        # every report, are kept in ``reports`` (name -> (name, last_report, plan_problem))
+        # and not patched into its record, whose own are as of its last read: the
+        # summary reads them from there, and a steady fleet's records stay the same objects
+        self.reports_apart = reports_apart
+        self.reports: dict[str, tuple[Any, ...]] = {}
         self.generation: int | None = None
         self.models: dict[str, SimpleNamespace] = {}
         self.nodes: dict[str, SimpleNamespace] = {}
@@ -174,6 +194,8 @@ class View:
                          for r in repo.list_replicas(conn)}
         self.parts = {rid: [record(p) for p in parts]
                       for rid, parts in repo.parts_by_replica(conn).items()}
+        self.reports = {name: (name, *(getattr(row, c) for c in NODE_VOLATILE))
+                        for name, row in self.nodes.items()}
         self._ordered = None
         self._last = {}
         self.passes = 0
@@ -258,9 +280,15 @@ class View:
     # ------------------------------------------------------------ volatile columns
 
     def _volatile(self, conn: Connection) -> None:
-        self.nodes, new_nodes = self._columns(
-            conn, nodes_table, "name", NODE_VOLATILE, self.nodes)
-        self._read_nodes(conn, new_nodes)
+        if self.reports_apart:
+            self.reports = _narrow(conn, nodes_table, "name", NODE_VOLATILE)
+            if self.reports.keys() != self.nodes.keys():    # joined, or gone
+                self.nodes = {k: v for k, v in self.nodes.items() if k in self.reports}
+                self._read_nodes(conn, set(self.reports) - set(self.nodes))
+        else:
+            self.nodes, new_nodes = self._columns(
+                conn, nodes_table, "name", NODE_VOLATILE, self.nodes)
+            self._read_nodes(conn, new_nodes)
         before = {n: m.definition_hash for n, m in self.models.items()}
         self.models, new_models = self._columns(
             conn, models_table, "name", MODEL_VOLATILE, self.models)
@@ -282,17 +310,10 @@ class View:
                  rows: dict[str, SimpleNamespace]) -> tuple[dict[str, SimpleNamespace],
                                                          set[str]]:
         """``rows`` with ``columns`` as stored now (the same dict when none moved and no
-        row went), and the keys stored that ``rows`` lacks. Read through the driver's own
-        cursor (plain tuples; thousands of rows each pass), each compared with what the
-        previous read of the table found, and only a tuple that differs with its row."""
-        sql = str(sa.select(table.c[key], *(table.c[c] for c in columns))
-                  .compile(dialect=conn.dialect))
-        cursor = conn.connection.cursor()
-        try:
-            cursor.execute(sql)
-            found = {values[0]: values for values in cursor.fetchall()}
-        finally:
-            cursor.close()
+        row went), and the keys stored that ``rows`` lacks. Each row's values
+        (``_narrow``) are compared with what the previous read of the table found, and only
+        a tuple that differs patched into its row."""
+        found = _narrow(conn, table, key, columns)
         last = self._last.get(table.name, {})
         self._last[table.name] = found
         moved: dict[str, SimpleNamespace] = {}

@@ -13,13 +13,15 @@ from ..fleetvocab import (
     CPU_CLASS,
     MAX_REPLICAS_PER_SHARED_DEVICE,
     heard_from,
-    held_sources,
     home_wait_s,
     label,
     label_of_id,
     shares_device,
 )
 from . import changes
+from .node_facts import Facts, Tally, device_tally, node_facts
+
+__all__ = ["Facts", "Tally", "build", "device_tally", "node_facts"]
 
 NO_FABRIC = "(none)"
 SCHEMA = 1                      # bump when a field changes meaning or goes away
@@ -104,41 +106,25 @@ def _memory_free_mb(dev: dict[str, Any], users: list[dict[str, Any]],
     return True, max(0.0, free - pending)
 
 
-Tally = tuple[tuple[str, int, int, float, float], ...]
-
-
-def device_tally(devices: list[dict[str, Any]]) -> Tally:
-    """A node's devices per class, as ``devices_by_class`` counts a node nothing runs on:
-    (class, devices, unhealthy, memory_total_mb and free MB of the healthy ones). Whoever
-    keeps a node's decoded devices may keep this with them (control/summary_view.py)."""
-    out: dict[str, list[Any]] = {}
-    for dev in devices:
-        t = out.get(dev["class"])
-        if t is None:
-            t = out[dev["class"]] = [dev["class"], 0, 0, 0.0, 0.0]
-        t[1] += 1
-        if not dev.get("healthy", True):
-            t[2] += 1
-            continue
-        total = float(dev.get("memory_total_mb", 0))
-        t[3] += total
-        t[4] += max(0.0, total - float(dev.get("memory_used_mb", 0)))
-    return tuple((k, n, bad, tot, free) for k, n, bad, tot, free in out.values())
+def facts_of(node: dict[str, Any], facts: Mapping[str, Facts] | None) -> Facts:
+    """A node's facts: those the caller kept (``facts``), else made now."""
+    found = facts.get(node["name"]) if facts is not None else None
+    return found if found is not None else node_facts(node)
 
 
 def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]],
                      now: float, node_timeout_s: float,
                      used: set[tuple[str, int]] | None = None,
                      models: list[dict[str, Any]] | None = None,
-                     tallies: Mapping[str, Tally] | None = None) -> dict[str, dict[str, Any]]:
+                     facts: Mapping[str, Facts] | None = None) -> dict[str, dict[str, Any]]:
     """Per device class: total, used, free, unhealthy devices. An unhealthy device is
     neither used nor free; a node that stopped reporting counts in ``unreachable``, not in
     free. A class is ``shared`` when it is the CPU class or a device of it runs replicas
     placed by memory (profile.memory_gb, ``models`` say which): several replicas share one
     device, so its ``memory_*`` (MB, over reachable healthy devices; ``memory_free_mb`` is
     what more replicas could use) say how full it is, and ``replicas`` how many run there.
-    ``tallies`` (node name -> ``device_tally`` of its devices) spare the pass over the
-    devices of nodes nothing runs on."""
+    A node nothing runs on is counted from its facts' tally (``facts``: node name -> those
+    the caller kept; see ``facts_of``)."""
     users = device_users(replicas)
     used = set(users) if used is None else used
     prof = profiles(models)
@@ -152,9 +138,8 @@ def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
         alive = node_alive(node, now, node_timeout_s)
         name = node["name"]
         quiet = name not in touched         # most nodes: nothing on any of its devices
-        tally = tallies.get(name) if quiet and tallies is not None else None
-        if tally is not None:
-            for klass, n, bad, total_mb, free_mb in tally:
+        if quiet:
+            for klass, n, bad, total_mb, free_mb in facts_of(node, facts).tally:
                 c = counts.get(klass)
                 if c is None:
                     c = counts[klass] = [0, 0, 0, 0, 0, 0]
@@ -184,15 +169,6 @@ def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
             if not dev.get("healthy", True):
                 c[3] += 1
                 continue
-            if quiet:
-                total = float(dev.get("memory_total_mb", 0))
-                c[2] += 1
-                mem = memory[klass]
-                mem[0] += total
-                mem[1] += max(0.0, total - float(dev.get("memory_used_mb", 0)))
-                if klass == CPU_CLASS:
-                    shared.add(klass)
-                continue
             key = (name, dev["id"])
             c[1 if key in used else 2] += 1
             on_it = users.get(key)
@@ -217,7 +193,8 @@ def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
 
 
 def node_problems(nodes: list[dict[str, Any]], now: float, node_timeout_s: float,
-                  cap: int = NODE_PROBLEMS_CAP) -> dict[str, Any]:
+                  cap: int = NODE_PROBLEMS_CAP, facts: Mapping[str, Facts] | None = None
+                  ) -> dict[str, Any]:
     """Nodes that need a look, by name: silent (``silent for 10m``, ``never reported``),
     reporting a problem, or with unhealthy devices (``2 unhealthy devices: XID 79``). Their
     ``total`` and the first ``cap`` of them: at 10,000 nodes a list, not the fleet."""
@@ -231,11 +208,9 @@ def node_problems(nodes: list[dict[str, Any]], now: float, node_timeout_s: float
                        f"silent for {_ago(now - last)}")
         if node.get("problem"):
             why.append(str(node["problem"]))
-        bad = [d for d in node.get("devices") or [] if not d.get("healthy", True)]
+        bad = facts_of(node, facts).unhealthy
         if bad:
-            reasons = sorted({str(d.get("reason")) for d in bad if d.get("reason")})
-            why.append(f"{len(bad)} unhealthy device{'' if len(bad) == 1 else 's'}"
-                       + (": " + ", ".join(reasons) if reasons else ""))
+            why.append(bad)
         if why:
             total += 1
             if len(listed) < cap:
@@ -258,25 +233,16 @@ def free_whole(node: dict[str, Any], used: set[tuple[str, int]]) -> bool:
                                  and (node["name"], dev["id"]) not in used for dev in devices)
 
 
-def idle_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def idle_cards(nodes: list[dict[str, Any]], facts: Mapping[str, Facts] | None = None
+               ) -> list[dict[str, Any]]:
     """Cards that can run nothing (MIG with nothing carved, a pending MIG change, a driver
-    problem) with the reason and what to do."""
-    out = []
-    for node in nodes:
-        for card in node.get("hardware", {}).get("cards", []):
-            if card.get("problem"):
-                out.append({"node": node["name"], "card": card.get("index"),
-                            "name": card.get("name"), "problem": card["problem"],
-                            "hint": card.get("hint")})
-        if not node.get("hardware", {}).get("cards") and not node.get("devices"):
-            for problem in node.get("hardware", {}).get("problems", []):
-                out.append({"node": node["name"], "card": None, "name": None,
-                            "problem": problem, "hint": None})
-    return out
+    problem) with the reason and what to do (``node_facts.unusable_cards``)."""
+    return [dict(card) for node in nodes for card in facts_of(node, facts).unusable]
 
 
 def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: float,
             node_timeout_s: float, used: set[tuple[str, int]] | None = None,
+            facts: Mapping[str, Facts] | None = None,
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Weights per fabric, from reporting nodes: which models each fabric holds (a copy on
     some node, or on a shared filer its nodes see), and per model which fabrics could serve
@@ -300,13 +266,12 @@ def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: floa
         if not node_alive(node, now, node_timeout_s):
             continue
         entry["reporting"] += 1
+        known = facts_of(node, facts)
         if node["name"] in used_nodes:
             entry["free_nodes"] += free_whole(node, used)
         else:                           # nothing runs on it: whole if all are healthy
-            devices = node.get("devices") or []
-            entry["free_nodes"] += bool(devices) and all(
-                [dev.get("healthy", True) for dev in devices])
-        local, shared = held_sources(node.get("weights") or {})
+            entry["free_nodes"] += known.whole
+        local, shared = known.local, known.shared
         local_of[node["name"]] = local
         if shared:
             shared_of.setdefault(_filer_group(name, node["name"]), set()).update(shared)
@@ -435,18 +400,21 @@ def _filer_group(fabric: str, node: str) -> str:
 def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
           replicas: list[dict[str, Any]], now: float, node_timeout_s: float = 30.0, *,
           idle_after_s: float = 900.0, store: dict[str, Any] | None = None,
-          tallies: Mapping[str, Tally] | None = None) -> dict[str, Any]:
+          facts: Mapping[str, Facts] | None = None) -> dict[str, Any]:
     """The summary every status view renders (schema: docs/api.md, "GET /api/v1/status"):
     nodes (cordoned and draining ones too), devices by class, free whole nodes and weights
     per fabric, replicas by state (and how many drain), models desired vs ready and in
     rollout, failing, parked, unplaceable and at-capacity models, idle replicas, the store.
-    ``tallies``: see ``devices_by_class`` (the same summary, sooner)."""
+    ``facts``: what the caller kept of each node (node name -> ``node_facts`` of it; the
+    same summary, sooner); those missing are made here."""
+    if facts is None or len(facts) < len(nodes):
+        facts = {n["name"]: facts_of(n, facts) for n in nodes}
     full = {m["name"]: at_capacity(m, now) for m in models}
     rolls = {m["name"]: changes.rollout_of(m, replicas) for m in models}
     out_of_service = changes.maintenance(nodes, replicas)
     alive = sum(1 for n in nodes if node_alive(n, now, node_timeout_s))
     used = used_devices(replicas)
-    by_fabric, weights = fabrics(models, nodes, now, node_timeout_s, used)
+    by_fabric, weights = fabrics(models, nodes, now, node_timeout_s, used, facts)
     return {
         "schema": SCHEMA,
         "generated_at": now,
@@ -454,10 +422,10 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
                   **{state: sum(1 for n in out_of_service if n["state"] == state)
                      for state in ("cordoned", "draining")}},
         "maintenance": out_of_service,
-        "node_problems": node_problems(nodes, now, node_timeout_s),
+        "node_problems": node_problems(nodes, now, node_timeout_s, facts=facts),
         "devices": devices_by_class(nodes, replicas, now, node_timeout_s, used, models,
-                                    tallies),
-        "cards_unusable": idle_cards(nodes),
+                                    facts),
+        "cards_unusable": idle_cards(nodes, facts),
         "replicas": dict(sorted(Counter(r["state"] for r in replicas).items())),
         "replicas_draining": sum(1 for r in replicas if r.get("draining")),
         "models": [{"name": m["name"], "state": m["state"], "ready": m["ready"],

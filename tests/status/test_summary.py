@@ -274,13 +274,17 @@ def test_at_capacity_with_a_slot_free_says_requests_wait_for_their_prefix() -> N
     assert summary.at_capacity(full, NOW)["note"] == "2 waiting; 3/3 slots busy"
 
 
-def test_device_tallies_give_the_same_summary() -> None:
-    """The tallies a caller keeps with each node's decoded devices (control/summary_view)
-    count what the pass over every device counts: silent nodes, unhealthy cards, MIG,
-    nodes with replicas (counted device by device), shared devices."""
+def test_kept_node_facts_give_the_same_summary() -> None:
+    """The facts a caller keeps with each node's decoded report (control/summary_view)
+    give the summary made without them: silent nodes, unhealthy cards, MIG, nodes with
+    replicas (counted device by device), shared devices; and one kept for a node but not
+    another."""
     cpus = ([model("m", klass="cpu")], [node("c1", cpu()), node("c2", cpu(), age=600),
                                          node("c3", cpu(used_gb=40))], [])
     for models, nodes, replicas in (small_fleet(), big_fleet(400, 60), cpus):
-        tallies = {n["name"]: summary.device_tally(n["devices"]) for n in nodes}
-        assert summary.build(models, nodes, replicas, NOW, tallies=tallies) \
+        facts = {n["name"]: summary.node_facts(n) for n in nodes}
+        assert summary.build(models, nodes, replicas, NOW, facts=facts) \
+            == summary.build(models, nodes, replicas, NOW)
+        some = dict(list(facts.items())[::2])
+        assert summary.build(models, nodes, replicas, NOW, facts=some) \
             == summary.build(models, nodes, replicas, NOW)
