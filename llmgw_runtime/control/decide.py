@@ -18,7 +18,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..api.states import ReplicaState
-from ..placement import place
 from . import autoscale, drain, rollout, snapshot, steps
 from .drain import SETTLE_S, STALE_S
 from .states import PARK_AFTER, backoff_s, idle_expired, spec_of
@@ -248,7 +247,7 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
         changes.events.append(("node", name, f"node {name} is left out of placement: "
                                              f"{problem}" if problem else
                                f"node {name} is used for placement again"))
-    plan = place(snap)
+    plan = snapshot.PLANS.place(snap)    # placed again only when its inputs moved
     deleted = set(changes.delete_replicas)
     ports_on = _ports_by_node(fleet, deleted)
     taken: set[int] = set()

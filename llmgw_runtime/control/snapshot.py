@@ -7,8 +7,18 @@ import json
 from operator import attrgetter
 from typing import Any
 
-from ..fleetvocab import held_sources
-from ..placement import DeviceView, ModelView, NodeView, PartView, ReplicaView, Snapshot
+from ..fleetvocab import heard_from, held_sources
+from ..placement import (
+    DeviceView,
+    ModelView,
+    NodeView,
+    PartView,
+    Plan,
+    ReplicaView,
+    Snapshot,
+    place,
+)
+from ..placement.capacity import silence
 from .drain import cordoned, draining_node, is_draining, replica_nodes
 from .states import in_backoff, spec_of, wanted_replicas
 
@@ -71,8 +81,41 @@ class Memo:
             self.seen = {k: v for k, v in self.seen.items() if k in ids_}
 
 
-NODES, REPLICAS = Memo(), Memo()
-_NODE_KEY = attrgetter("name", "devices", "engines", "weights", "last_report", "fabric")
+class NodeMemo:
+    """Node views by node name, with the values they were made of but the report time: a
+    node's row moves with every report (the leader's view patches it into a new record),
+    so a view is made again only when something else of it changed, and otherwise copied
+    with the new time (``NodeView.reported``)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[tuple[Any, ...], NodeView]] = {}
+
+    def view(self, row: Any) -> NodeView:
+        values = (*_NODE_KEY(row), _cordoned(row))
+        hit = self.seen.get(row.name)
+        if hit is not None and hit[0] == values:
+            view = hit[1]
+            if view.last_report == row.last_report:
+                return view
+            view = view.reported(row.last_report)
+        else:
+            local, shared = weights_views(row.weights)
+            view = NodeView(name=row.name, devices=device_views(row.devices),
+                            engines=ids(row.engines), last_report=row.last_report,
+                            fabric=row.fabric, weights=local, shared_weights=shared,
+                            cordoned=values[-1])
+        self.seen[row.name] = (values, view)
+        return view
+
+    def keep(self, rows: list[Any]) -> None:
+        """Forget all but ``rows``' nodes once the memo holds many more than those."""
+        if len(self.seen) > 2 * len(rows) + 1024:
+            names = {r.name for r in rows}
+            self.seen = {k: v for k, v in self.seen.items() if k in names}
+
+
+NODES, REPLICAS = NodeMemo(), Memo()
+_NODE_KEY = attrgetter("name", "devices", "engines", "weights", "fabric")
 _REPLICA_KEY = attrgetter("id", "model", "node", "devices", "state", "started", "desired")
 
 
@@ -84,15 +127,7 @@ def _cordoned(row: Any) -> bool:
 def node_view(row: Any) -> NodeView:
     """The planner's view of a node's row (remembered: a pass makes one of every node each
     second and most are as they were)."""
-    values = (*_NODE_KEY(row), _cordoned(row))
-    view = NODES.get(row, values)
-    if view is not None:
-        return view  # type: ignore[no-any-return]
-    local, shared = weights_views(row.weights)
-    return NODES.put(row, values, NodeView(  # type: ignore[no-any-return]
-        name=row.name, devices=device_views(row.devices), engines=ids(row.engines),
-        last_report=row.last_report, fabric=row.fabric, weights=local,
-        shared_weights=shared, cordoned=values[-1]))
+    return NODES.view(row)
 
 
 def node_views(nodes: list[Any]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
@@ -160,3 +195,43 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
     return Snapshot(models=model_views, nodes=views,
                     replicas=replica_views, now=now, node_timeout_s=node_timeout_s,
                     replace_after_s=replace_after_s)
+
+
+def plan_inputs(snap: Snapshot) -> tuple[Any, ...]:
+    """What ``placement.place`` reads of a snapshot: all of it but the time and the nodes'
+    report times, which it reads only to tell whether each node reports (within
+    ``node_timeout_s``) and whether it has been silent past ``replace_after_s``: those
+    two answers stand in for them. Two snapshots with equal inputs get equal plans."""
+    now, timeout, replace = snap.now, snap.node_timeout_s, snap.replace_after_s
+    nodes = tuple((n.name, n.devices, n.engines, n.fabric, n.weights, n.shared_weights,
+                   n.cordoned, heard_from(n.last_report, now, timeout),
+                   silence(n, now) > replace) for n in snap.nodes)
+    return snap.models, nodes, snap.replicas, timeout, replace
+
+
+class PlanMemo:
+    """The last plan and its inputs (``plan_inputs``): a pass whose snapshot places what
+    the last one did (a steady fleet: only report times moved, within the same answers)
+    gets a copy of that plan without placing again. Placement is pure, so the copy is what
+    it would answer; the views the inputs hold are the memos' own objects, so comparing
+    them is mostly comparing identities."""
+
+    def __init__(self) -> None:
+        self.last: tuple[tuple[Any, ...], Plan] | None = None
+        self.placed = 0                 # plans made (not copied), for tests and benches
+
+    def place(self, snap: Snapshot) -> Plan:
+        inputs = plan_inputs(snap)
+        if self.last is None or self.last[0] != inputs:
+            self.placed += 1
+            self.last = (inputs, place(snap))
+        plan = self.last[1]
+        # a copy: the pass changes what it was handed (control/steps.py, a rollout's room)
+        return Plan(starts=list(plan.starts), stops=list(plan.stops),
+                    stop_reasons=dict(plan.stop_reasons), unplaceable=dict(plan.unplaceable))
+
+    def forget(self) -> None:
+        self.last = None
+
+
+PLANS = PlanMemo()

@@ -196,16 +196,19 @@ class Capacity:
     """The fleet's reporting nodes and what the plan has taken on them so far."""
 
     def __init__(self, snap: Snapshot, specs: dict[str, ModelSpec]) -> None:
-        self.names = sorted({n.name for n in snap.nodes})      # rank -> name
-        self.rank = {name: i for i, name in enumerate(self.names)}
         self.views = {n.name: n for n in snap.nodes}
-        reporting_ = [r for r, name in enumerate(self.names) if alive(self.views[name], snap)]
+        self.names = sorted(self.views)                         # rank -> name
+        self.rank = {name: i for i, name in enumerate(self.names)}
+        ranked = [self.views[name] for name in self.names]
+        now, timeout = snap.now, snap.node_timeout_s
+        reporting_ = [r for r, view in enumerate(ranked)
+                      if heard_from(view.last_report, now, timeout)]
         # A cordoned (or draining) node reports, but takes no new replica.
-        self.cordoned = [self.names[r] for r in reporting_ if self.views[self.names[r]].cordoned]
-        self.alive = [r for r in reporting_ if not self.views[self.names[r]].cordoned]
+        self.cordoned = [self.names[r] for r in reporting_ if ranked[r].cordoned]
+        self.alive = [r for r in reporting_ if not ranked[r].cordoned]
         self.classes: dict[str, list[int]] = {}   # class -> reporting nodes that have one
         for rank in self.alive:
-            for klass in sorted({d.klass for d in self.views[self.names[rank]].devices}):
+            for klass in ranked[rank].classes:
                 self.classes.setdefault(klass, []).append(rank)
         # rank -> class -> healthy devices, counted when an index first needs the node:
         # enough to index a node nothing runs on yet without building its NodeState.

@@ -35,6 +35,19 @@ class NodeView:
     # Cordoned or draining (``ctl nodes cordon``/``drain``): its devices are no capacity for
     # new replicas; what runs there keeps running until it is moved.
     cordoned: bool = False
+    # The classes of its devices, in name order: made once with the view (the planner asks
+    # every pass, of every node).
+    classes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(sorted({d.klass for d in self.devices})))
+
+    def reported(self, last_report: float | None) -> NodeView:
+        """This view with another report time: a copy, made without the work of a new one
+        (a node reports every few seconds; nothing else of its view moves)."""
+        new = object.__new__(NodeView)
+        new.__dict__.update(self.__dict__, last_report=last_report)
+        return new
 
 
 @dataclass(frozen=True)

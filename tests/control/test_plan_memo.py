@@ -1,0 +1,106 @@
+"""The reconciler's memos (control/snapshot.py): a pass whose snapshot places what the last
+one did gets the last plan again without placing; anything placement reads that moved (a
+node going silent or coming back, a replica, a model, a device) places again; and the plan
+handed out is always what ``placement.place`` answers for that snapshot."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from types import SimpleNamespace
+
+from llmgw_runtime.control import snapshot
+from llmgw_runtime.placement import place
+
+from ..placement.builders import NOW, as_running, gpus, node, rep, small_fleet, snap, want
+
+
+def moved(s, seconds: float, names: set[str] | None = None):
+    """``s`` later by ``seconds``, the named nodes (all: None) having reported now."""
+    nodes = tuple(n if names is not None and n.name not in names
+                  else n.reported(NOW + seconds - 1.0) for n in s.nodes)
+    return replace(s, nodes=nodes, now=NOW + seconds)
+
+
+def test_report_times_alone_do_not_place_again() -> None:
+    memo = snapshot.PlanMemo()
+    first = small_fleet()
+    plan = memo.place(first)
+    assert plan == place(first) and plan.starts and memo.placed == 1
+    for later in (2.0, 4.0, 6.0):                  # every node heard from again
+        assert memo.place(moved(first, later)) == plan
+    assert memo.placed == 1
+
+
+def test_what_placement_reads_places_again() -> None:
+    memo = snapshot.PlanMemo()
+    base = snap([want(2, name="m")], [node("a", *gpus(1)), node("b", *gpus(1)),
+                                      node("c", *gpus(1))])
+    assert [s.node for s in memo.place(base).starts] == ["a", "b"]
+    # node a silent past the node timeout: no capacity any more
+    silent = moved(base, 40.0, names={"b", "c"})
+    assert [s.node for s in memo.place(silent).starts] == ["b", "c"] and memo.placed == 2
+    back = moved(base, 42.0)                        # it reports again
+    assert [s.node for s in memo.place(back).starts] == ["a", "b"] and memo.placed == 3
+    # a replica running, a model wanting more, a device gone unhealthy: each places again
+    running = as_running(back, place(back))
+    assert memo.place(running).starts == [] and memo.placed == 4
+    more = replace(running, models=(want(3, name="m"),))
+    assert [s.node for s in memo.place(more).starts] == ["c"] and memo.placed == 5
+    sick = replace(more, nodes=tuple(
+        replace(n, devices=(replace(n.devices[0], healthy=False),)) if n.name == "c" else n
+        for n in more.nodes))
+    assert memo.place(sick).starts == [] and memo.placed == 6
+
+
+def test_a_replica_on_a_node_silent_past_replace_after_is_stopped_when_it_gets_there() -> None:
+    memo = snapshot.PlanMemo()
+    base = snap([want(1, name="m")], [node("a", *gpus(1)), node("b", *gpus(1))],
+                [rep("r1", "m", "a", (0,))], replace_after=120.0)
+    assert memo.place(moved(base, 60.0, names={"b"})).stops == []     # silent, not for long
+    late = moved(base, 130.0, names={"b"})
+    assert memo.place(late).stops == ["r1"] and memo.place(late) == place(late)
+
+
+def test_the_plan_handed_out_is_a_copy() -> None:
+    memo = snapshot.PlanMemo()
+    s = small_fleet()
+    memo.place(s).unplaceable["x"] = "changed by a pass"    # control/steps.py does this
+    memo.place(s).starts.clear()
+    assert memo.place(s) == place(s) and memo.placed == 1
+
+
+def test_the_memo_answers_what_placement_does_over_a_random_walk() -> None:
+    """Seeded walk: each step moves report times (some past the timeouts), runs the last
+    plan, or changes a model's wants; the memo's plan is place's after every step."""
+    rnd = random.Random(11)
+    memo = snapshot.PlanMemo()
+    s = small_fleet(seed=5, size=30)
+    at = 0.0
+    for _ in range(60):
+        roll = rnd.random()
+        if roll < 0.5:
+            at += rnd.choice([1.0, 2.0, 45.0])
+            s = moved(s, at, names={n.name for n in s.nodes if rnd.random() < 0.8})
+        elif roll < 0.8:
+            s = as_running(s, place(s))
+        else:
+            i = rnd.randrange(len(s.models))
+            models = list(s.models)
+            models[i] = replace(models[i], wanted=rnd.randint(0, 4))
+            s = replace(s, models=tuple(models))
+        assert memo.place(s) == place(s)
+    assert 1 < memo.placed < 60
+
+
+def test_node_views_are_copied_with_a_new_report_time_not_made_again() -> None:
+    row = SimpleNamespace(name="gpu-1", devices='[{"id": 0, "class": "a100-80g", '
+                          '"memory_total_mb": 81920, "memory_used_mb": 0}]',
+                          engines='["vllm"]', weights="{}", fabric="ib-a", cordoned=0,
+                          drain=None, last_report=NOW)
+    first = snapshot.node_view(row)
+    again = snapshot.node_view(SimpleNamespace(**{**vars(row), "last_report": NOW + 2}))
+    assert again.last_report == NOW + 2 and again.devices is first.devices
+    assert again == replace(first, last_report=NOW + 2) and again.classes == ("a100-80g",)
+    other = snapshot.node_view(SimpleNamespace(**{**vars(row), "fabric": "ib-b"}))
+    assert other.fabric == "ib-b"
