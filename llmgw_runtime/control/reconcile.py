@@ -24,6 +24,7 @@ import uuid
 from types import FrameType
 from typing import Any
 
+from .. import gckeeper
 from ..errors import StoreError
 from ..store import Store, changes, repo
 from . import fleet, history
@@ -241,6 +242,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     log.info("reconciler %s started (pid %d)", reconciler.holder, os.getpid())
+    gckeeper.Keeper().start()           # the fleet it keeps in memory leaves the walk
     try:
         reconciler.run_forever()
     finally:

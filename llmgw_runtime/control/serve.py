@@ -15,7 +15,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from .. import tls, tracing
+from .. import gckeeper, tls, tracing
 from ..store import Store
 from .app import create_app
 from .bootstrap import bootstrap
@@ -60,6 +60,7 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         # In the worker (no preload): its steady nodes' last reports are written in batches.
         app = create_app(self.llmgw_config)
         app.extensions["llmgw.heartbeats"].start()
+        gckeeper.Keeper().start()       # no collector stops of a second at fleet scale
         return app
 
 
