@@ -11,8 +11,9 @@ reconciler, which keeps the fleet in memory, stops the same way inside its passe
 So the keeper takes what lives long out of that walk. Every ``freeze_every_s`` it collects
 the young generations (their garbage is not kept) and freezes whatever is still tracked
 (``gc.freeze``): the full collections that follow walk only what was made since, a few
-seconds' worth. With it, the same run saw 3 full collections instead of 43-47, and the
-reconciler's pass p99 went from 1.1-1.5 s to 0.65-0.75 s. A cycle that was alive when
+seconds' worth. With it, the same run saw 3 full collections instead of 43-47 (30 of at
+most 0.2 s when freezing every 5 s), b's report p99 went from 0.45-0.8 s to 0.12-0.19 s
+and the reconciler's pass p99 from 1.1-1.5 s to 0.5-0.95 s (docs/performance.md). A cycle that was alive when
 frozen and dropped later is not freed by those collections, so every ``unfreeze_every_s``
 the keeper unfreezes everything and runs one full collection: one stop of the old length
 every quarter of an hour, instead of one every few seconds, and no garbage kept longer
@@ -28,7 +29,7 @@ import time
 
 log = logging.getLogger(__name__)
 
-FREEZE_EVERY_S = 5.0
+FREEZE_EVERY_S = 2.0
 UNFREEZE_EVERY_S = 900.0
 
 
