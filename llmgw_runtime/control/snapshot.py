@@ -197,38 +197,54 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
                     replace_after_s=replace_after_s)
 
 
-def plan_inputs(snap: Snapshot) -> tuple[Any, ...]:
-    """What ``placement.place`` reads of a snapshot: all of it but the time and the nodes'
-    report times, which it reads only to tell whether each node reports (within
-    ``node_timeout_s``) and whether it has been silent past ``replace_after_s``: those
-    two answers stand in for them. Two snapshots with equal inputs get equal plans."""
+def node_inputs(snap: Snapshot) -> tuple[Any, ...]:
+    """What ``placement.place`` reads of a snapshot's nodes: all of them but their report
+    times, which it reads only to tell whether each node reports (within
+    ``node_timeout_s`` of ``now``) and whether it has been silent past ``replace_after_s``:
+    those two answers stand in for them. Two snapshots whose models, replicas, timeouts and
+    node inputs are equal get equal plans."""
     now, timeout, replace = snap.now, snap.node_timeout_s, snap.replace_after_s
-    nodes = tuple((n.name, n.devices, n.engines, n.fabric, n.weights, n.shared_weights,
-                   n.cordoned, heard_from(n.last_report, now, timeout),
-                   silence(n, now) > replace) for n in snap.nodes)
-    return snap.models, nodes, snap.replicas, timeout, replace
+    return tuple((n.name, n.devices, n.engines, n.fabric, n.weights, n.shared_weights,
+                  n.cordoned, heard_from(n.last_report, now, timeout),
+                  silence(n, now) > replace) for n in snap.nodes)
 
 
 class PlanMemo:
-    """The last plan and its inputs (``plan_inputs``): a pass whose snapshot places what
-    the last one did (a steady fleet: only report times moved, within the same answers)
-    gets a copy of that plan without placing again. Placement is pure, so the copy is what
-    it would answer; the views the inputs hold are the memos' own objects, so comparing
-    them is mostly comparing identities."""
+    """The last snapshot placed and its plan: a pass whose snapshot places what the last
+    one did (a steady fleet: only report times moved, within the same answers) gets a copy
+    of that plan without placing again. Placement is pure, so the copy is what it would
+    answer. The models and replicas are compared first (the memos' own view objects,
+    mostly identities); the nodes' inputs only when those are equal, so a pass that
+    changed a replica pays nothing for the comparison."""
 
     def __init__(self) -> None:
-        self.last: tuple[tuple[Any, ...], Plan] | None = None
+        # the last snapshot placed, its plan, and its node inputs once they were needed
+        self.last: tuple[Snapshot, Plan] | None = None
+        self._inputs: tuple[Any, ...] | None = None
         self.placed = 0                 # plans made (not copied), for tests and benches
 
     def place(self, snap: Snapshot) -> Plan:
-        inputs = plan_inputs(snap)
-        if self.last is None or self.last[0] != inputs:
+        if self.last is None or not self._same(self.last[0], snap):
             self.placed += 1
-            self.last = (inputs, place(snap))
+            self.last = (snap, place(snap))
+            self._inputs = None
         plan = self.last[1]
         # a copy: the pass changes what it was handed (control/steps.py, a rollout's room)
         return Plan(starts=list(plan.starts), stops=list(plan.stops),
                     stop_reasons=dict(plan.stop_reasons), unplaceable=dict(plan.unplaceable))
+
+    def _same(self, last: Snapshot, snap: Snapshot) -> bool:
+        if not (last.node_timeout_s == snap.node_timeout_s
+                and last.replace_after_s == snap.replace_after_s
+                and last.models == snap.models and last.replicas == snap.replicas):
+            return False
+        if self._inputs is None:
+            self._inputs = node_inputs(last)
+        inputs = node_inputs(snap)
+        if inputs != self._inputs:
+            return False
+        self._inputs = inputs           # the same answers, this snapshot's objects
+        return True
 
     def forget(self) -> None:
         self.last = None
