@@ -38,10 +38,6 @@ def silence(node: NodeView | None, now: float) -> float:
     return now - node.last_report
 
 
-def alive(node: NodeView, snap: Snapshot) -> bool:
-    return heard_from(node.last_report, snap.now, snap.node_timeout_s)
-
-
 def _device_id(dev: DeviceView) -> int:
     return dev.id
 
