@@ -160,7 +160,12 @@ DECODED = Decoded()
 
 class Held:
     """The fleet as this process last read it for a summary (``incremental.View``), one per
-    store. Requests take turns to bring it up to date; each gets lists of its own."""
+    store. Requests take turns to bring it up to date; each gets lists of its own.
+
+    The turn is a lock held across the store's round trips, so in a gevent web worker it
+    must be gevent's: :func:`renew_after_patch` makes it again after the patch (made at
+    import, in the server's master, it is an OS lock, and a greenlet waiting on it while
+    another holds it would stop the worker's event loop for good)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -188,6 +193,12 @@ class Held:
 
 
 HELD = Held()
+
+
+def renew_after_patch() -> None:
+    """Make ``HELD`` again in a process where gevent has just patched the standard library
+    (control/worker.py): its lock must be one a greenlet waits on cooperatively."""
+    HELD.__init__()  # type: ignore[misc]
 
 
 @contextmanager

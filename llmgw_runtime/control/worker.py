@@ -54,8 +54,10 @@ class ControlWorker(RouterWorker):
             warnings.filterwarnings("ignore", category=MonkeyPatchWarning)
             super().patch()             # gevent's monkey.patch_all
         from ..store import failover
+        from . import summary_view
 
         failover.renew_after_patch()
+        summary_view.renew_after_patch()
         cooperative_psycopg2()
 
 

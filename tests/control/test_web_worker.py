@@ -20,6 +20,8 @@ from llmgw_runtime.control.serve import WORKER, _Gunicorn
 from llmgw_runtime.control.worker import DEFAULT_CONNECT_TIMEOUT_S, connect_timeout_s
 from llmgw_runtime.errors import ConfigError
 from llmgw_runtime.settings import load
+from llmgw_runtime.store import Store
+from tests.support.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
 PG = "postgresql://llmgw@127.0.0.1:5432/llmgw"
@@ -55,13 +57,16 @@ def test_connect_timeout_is_read_as_libpq_reads_it() -> None:
 
 def run_patched(body: str) -> str:
     """``body`` in a fresh Python that patched the standard library as a control worker
-    does (ControlWorker.patch); its stdout."""
+    does (ControlWorker.patch), the app's modules imported before, as in the server's
+    master; its stdout."""
     code = textwrap.dedent("""
+        from llmgw_runtime.control import app, summary_view
         from gevent import monkey
         monkey.patch_all()
         from llmgw_runtime.store import failover
         from llmgw_runtime.control.worker import cooperative_psycopg2
         failover.renew_after_patch()
+        summary_view.renew_after_patch()
         cooperative_psycopg2()
         import gevent, time
     """) + textwrap.dedent(body)
@@ -114,3 +119,21 @@ def test_each_greenlet_keeps_its_own_store_wait_bound() -> None:
         print(seen["a"], seen["b"])
     """)
     assert out.split() == ["1.0", "3.0"]
+
+
+def test_summaries_read_at_once_in_one_worker_both_answer(postgres: PostgresServer) -> None:
+    """Two status requests in one gevent worker: the second waits its turn for the kept
+    fleet while the first reads the store, on the event loop (an OS lock would stop it)."""
+    url = postgres.create_database("summaries_at_once")
+    Store(url).migrate()
+    out = run_patched(f"""
+        from llmgw_runtime.control.decide import Settings
+        from llmgw_runtime.store import Store
+        store = Store({url!r})
+        def summary(name):
+            with store.begin() as conn:
+                rows = summary_view.read(conn, store.clock(conn), Settings())
+            print(name, len(rows.nodes))
+        gevent.joinall([gevent.spawn(summary, "a"), gevent.spawn(summary, "b")], timeout=20)
+    """)
+    assert sorted(out.split()) == ["0", "0", "a", "b"]
