@@ -246,8 +246,5 @@ class PlanMemo:
         self._inputs = inputs           # the same answers, this snapshot's objects
         return True
 
-    def forget(self) -> None:
-        self.last = None
-
 
 PLANS = PlanMemo()
