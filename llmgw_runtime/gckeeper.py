@@ -3,21 +3,22 @@
 A control web worker at 10,000 nodes holds about a million objects that live long: each
 node's last report and answer, the credential caches, the fleet the status summary keeps.
 The collector's full collection walks every one of them. Measured at 10,000 agents every
-2 s on this 2-core machine (bench/control_bench.py, a ``gc.callbacks`` probe): 43 full
-collections in 4 minutes across the two web workers, 0.6 to 1.7 s each, and each stops
+2 s on this 2-core machine (bench/control_bench.py, a ``gc.callbacks`` probe): 43-47 full
+collections in 4 minutes across the two web workers, 0.3 to 1.7 s each, and each stops
 every request of its worker; those stops were the report p99 of hundreds of ms. The
 reconciler, which keeps the fleet in memory, stops the same way inside its passes.
 
 So the keeper takes what lives long out of that walk. Every ``freeze_every_s`` it collects
 the young generations (their garbage is not kept) and freezes whatever is still tracked
 (``gc.freeze``): the full collections that follow walk only what was made since, a few
-seconds' worth. With it, the same run saw 3 full collections instead of 43-47 (30 of at
-most 0.2 s when freezing every 5 s), b's report p99 went from 0.45-0.8 s to 0.12-0.19 s
-and the reconciler's pass p99 from 1.1-1.5 s to 0.5-0.95 s (docs/performance.md). A cycle that was alive when
-frozen and dropped later is not freed by those collections, so every ``unfreeze_every_s``
-the keeper unfreezes everything and runs one full collection: one stop of the old length
-every quarter of an hour, instead of one every few seconds, and no garbage kept longer
-than that. Reference counting frees everything else at once, frozen or not.
+seconds' worth. With it the same run saw 3 full collections (30, of at most 0.2 s, when
+freezing every 5 s); b's report p99 went from 0.45-0.8 s to 0.12-0.19 s and the
+reconciler's pass p99 from 1.1-1.4 s to 0.5-0.85 s (docs/performance.md). A cycle that
+was alive when frozen and dropped later is not freed by those collections, so every
+``unfreeze_every_s`` the keeper unfreezes everything and runs one full collection: one
+stop of the old length every quarter of an hour, instead of one every few seconds, and no
+garbage kept longer than that. Reference counting frees everything else at once, frozen or
+not.
 """
 
 from __future__ import annotations

@@ -180,8 +180,9 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> admin.Plan:
     used = status_summary.used_devices(replica_dicts)
     listed = [repo.model_to_dict(m) for m in fleet.models.values()
               if getattr(m, "deleted_at", None) is None]
+    facts = {n["name"]: status_summary.node_facts(n) for n in node_dicts}   # made once
     fabrics, model_weights = status_summary.fabrics(listed, node_dicts, now,
-                                                    settings.node_timeout_s, used)
+                                                    settings.node_timeout_s, used, facts)
     return admin.Plan(
         starts=[admin.PlanStart(model=s.model, node=s.node, devices=list(s.devices),
                                 parts=[admin.PlanPart(rank=p.rank, node=p.node,
@@ -194,8 +195,8 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> admin.Plan:
                for rid in result.stops],
         unplaceable=dict(result.unplaceable),
         devices=status_summary.devices_by_class(
-            node_dicts, replica_dicts, now, settings.node_timeout_s, used, listed),
-        cards_unusable=status_summary.idle_cards(node_dicts),
+            node_dicts, replica_dicts, now, settings.node_timeout_s, used, listed, facts),
+        cards_unusable=status_summary.idle_cards(node_dicts, facts),
         fabrics=fabrics, models=model_weights)
 
 
