@@ -247,7 +247,8 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
         changes.events.append(("node", name, f"node {name} is left out of placement: "
                                              f"{problem}" if problem else
                                f"node {name} is used for placement again"))
-    plan = snapshot.PLANS.place(snap)    # placed again only when its inputs moved
+    # placed again only when its inputs moved
+    plan = snapshot.PLANS.place(snap, snapshot.NODES.made)
     deleted = set(changes.delete_replicas)
     ports_on = _ports_by_node(fleet, deleted)
     taken: set[int] = set()

@@ -27,11 +27,13 @@ not see is not guessed at.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, cast
 
 from ..api.usage import DeviceHoursBy, DeviceHoursList, DeviceHoursRow
@@ -88,26 +90,46 @@ def gap_bound_s(config: ControlConfig) -> float:
 # ---------------------------------------------------------------- counting (pure)
 
 
-def _ids(devices: Any) -> list[int]:
+def _ids(devices: Any) -> tuple[int, ...]:
     """A replica's (or part's) placement ids from its row's JSON; none when the row holds
-    something else (written by hand, or before rows were checked)."""
+    something else (written by hand, or before rows were checked). Text is read once
+    (:func:`_ids_of`): every pass asks again of every replica."""
+    if isinstance(devices, str):
+        return _ids_of(devices)
+    return _whole(devices)
+
+
+@functools.lru_cache(maxsize=65536)
+def _ids_of(text: str) -> tuple[int, ...]:
     try:
-        value = json.loads(devices) if isinstance(devices, str) else devices
-        return [d for d in value or [] if isinstance(d, int) and not isinstance(d, bool)]
-    except (ValueError, TypeError):
-        return []
+        return _whole(json.loads(text))
+    except ValueError:
+        return ()
 
 
-def _classes(node: Any) -> dict[int, str]:
+def _whole(value: Any) -> tuple[int, ...]:
+    try:
+        return tuple(d for d in value or [] if isinstance(d, int) and not isinstance(d, bool))
+    except TypeError:
+        return ()
+
+
+def _classes(node: Any) -> Mapping[int, str]:
     """A node's device classes by id, read as the planner reads its stored report
     (snapshot.device_views, cached); a report it cannot use gives none, so its devices
     count under UNKNOWN_CLASS instead of stopping the pass (placement leaves that node out
-    and says why)."""
+    and says why). Made once per report text (:func:`_classes_of`; read only)."""
     devices = node.devices if isinstance(node.devices, str) else json.dumps(node.devices)
+    return _classes_of(devices)
+
+
+@functools.lru_cache(maxsize=16384)
+def _classes_of(devices: str) -> Mapping[int, str]:
     try:
-        return {d.id: d.klass or UNKNOWN_CLASS for d in device_views(devices)}
+        return MappingProxyType({d.id: d.klass or UNKNOWN_CLASS
+                                 for d in device_views(devices)})
     except (ValueError, TypeError, KeyError, AttributeError):
-        return {}
+        return MappingProxyType({})
 
 
 def held(replicas: Iterable[Any], parts: Mapping[str, list[Any]], nodes: Iterable[Any],
@@ -115,13 +137,8 @@ def held(replicas: Iterable[Any], parts: Mapping[str, list[Any]], nodes: Iterabl
     """The devices each model holds now, by (model, device class): rows as the store
     holds them (``repo.list_replicas``, ``parts_by_replica``, ``list_nodes``). A device
     shared by n counted replicas counts 1/n for each."""
-    classes: dict[tuple[str, int], str] = {}
-    alive: set[str] = set()
-    for node in nodes:
-        if heard_from(node.last_report, now, node_timeout_s):
-            alive.add(node.name)
-        for dev_id, klass in _classes(node).items():
-            classes[(node.name, dev_id)] = klass
+    alive = {node.name: node for node in nodes
+             if heard_from(node.last_report, now, node_timeout_s)}
     users: dict[tuple[str, int], list[str]] = defaultdict(list)
     for r in replicas:
         if r.state not in HOLDING:
@@ -132,8 +149,8 @@ def held(replicas: Iterable[Any], parts: Mapping[str, list[Any]], nodes: Iterabl
                 for d in _ids(devices):
                     users[(node, d)].append(r.model)
     out: dict[tuple[str, str], float] = defaultdict(float)
-    for where, models in users.items():
-        klass = classes.get(where, UNKNOWN_CLASS)
+    for (node, d), models in users.items():
+        klass = _classes(alive[node]).get(d, UNKNOWN_CLASS)
         for model in models:
             out[(model, klass)] += 1 / len(models)
     return dict(out)

@@ -33,7 +33,8 @@ meanwhile is named by the next pass's entries and read again then. The pass's ow
 are logged (replicas, node drains) or volatile columns (models, ``plan_problem``).
 
 Rows are held as ``SimpleNamespace`` objects (decide.py copies what it changes), every
-column but a node's ``credential_hash``; order is ``fleet.read``'s: models and nodes by
+column but a node's ``credential_hash``; a node's volatile columns are patched into its
+record in place, any other change of a row gives it a new record; order is ``fleet.read``'s: models and nodes by
 name, replicas by model and start.
 """
 
@@ -287,7 +288,7 @@ class View:
                 self._read_nodes(conn, set(self.reports) - set(self.nodes))
         else:
             self.nodes, new_nodes = self._columns(
-                conn, nodes_table, "name", NODE_VOLATILE, self.nodes)
+                conn, nodes_table, "name", NODE_VOLATILE, self.nodes, in_place=True)
             self._read_nodes(conn, new_nodes)
         before = {n: m.definition_hash for n, m in self.models.items()}
         self.models, new_models = self._columns(
@@ -307,12 +308,15 @@ class View:
         self._read_replicas(conn, new_replicas)
 
     def _columns(self, conn: Connection, table: Any, key: str, columns: tuple[str, ...],
-                 rows: dict[str, SimpleNamespace]) -> tuple[dict[str, SimpleNamespace],
-                                                         set[str]]:
+                 rows: dict[str, SimpleNamespace], in_place: bool = False
+                 ) -> tuple[dict[str, SimpleNamespace], set[str]]:
         """``rows`` with ``columns`` as stored now (the same dict when none moved and no
         row went), and the keys stored that ``rows`` lacks. Each row's values
         (``_narrow``) are compared with what the previous read of the table found, and only
-        a tuple that differs patched into its row."""
+        a tuple that differs patched into its row: into a copy, or with ``in_place`` into
+        the record itself (nodes: half of them report each pass, and the planner's node
+        memo knows a record it saw before by its identity and report time,
+        control/snapshot.py ``NodeMemo``)."""
         found = _narrow(conn, table, key, columns)
         last = self._last.get(table.name, {})
         self._last[table.name] = found
@@ -324,6 +328,9 @@ class View:
                 continue
             if row is None:
                 new.add(name)
+            elif in_place:
+                for c, v in zip(columns, values[1:], strict=True):
+                    setattr(row, c, v)
             elif any(getattr(row, c) != v for c, v in zip(columns, values[1:], strict=True)):
                 moved[name] = _patched(row, dict(zip(columns, values[1:], strict=True)))
         if not moved and len(found) - len(new) == len(rows):

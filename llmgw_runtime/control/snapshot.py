@@ -82,29 +82,43 @@ class Memo:
 
 
 class NodeMemo:
-    """Node views by node name, with the values they were made of but the report time: a
-    node's row moves with every report (the leader's view patches it into a new record),
-    so a view is made again only when something else of it changed, and otherwise copied
-    with the new time (``NodeView.reported``)."""
+    """Node views by node name, with the row and the values they were made of but the
+    report time: a view is made again only when something else of its node changed, and
+    otherwise copied with the new time (``NodeView.reported``). The leader's view
+    (control/incremental.py) patches a node's report time into its record in place and
+    gives any other change a new record, so a record seen before (the same object) is
+    known by its identity and its report time alone; another record is compared by its
+    values. ``made`` counts the views made with other placement inputs than the node's
+    last (a new node, other devices or engines; not new readings alone): while it stays,
+    each node's view places as the one before it did, report time aside (``PlanMemo``)."""
 
     def __init__(self) -> None:
-        self.seen: dict[str, tuple[tuple[Any, ...], NodeView]] = {}
+        self.seen: dict[str, tuple[Any, tuple[Any, ...], NodeView]] = {}
+        self.made = 0
 
     def view(self, row: Any) -> NodeView:
-        values = (*_NODE_KEY(row), _cordoned(row))
         hit = self.seen.get(row.name)
-        if hit is not None and hit[0] == values:
-            view = hit[1]
+        if hit is not None and hit[0] is row:
+            view = hit[2]
             if view.last_report == row.last_report:
                 return view
             view = view.reported(row.last_report)
+            self.seen[row.name] = (row, hit[1], view)
+            return view
+        values = (*_NODE_KEY(row), _cordoned(row))
+        if hit is not None and hit[1] == values:
+            view = hit[2]
+            if view.last_report != row.last_report:
+                view = view.reported(row.last_report)
         else:
             local, shared = weights_views(row.weights)
             view = NodeView(name=row.name, devices=device_views(row.devices),
                             engines=ids(row.engines), last_report=row.last_report,
                             fabric=row.fabric, weights=local, shared_weights=shared,
                             cordoned=values[-1])
-        self.seen[row.name] = (values, view)
+            if hit is None or _inputs(hit[2]) != _inputs(view):
+                self.made += 1          # not new readings alone (a temperature)
+        self.seen[row.name] = (row, values, view)
         return view
 
     def keep(self, rows: list[Any]) -> None:
@@ -112,6 +126,12 @@ class NodeMemo:
         if len(self.seen) > 2 * len(rows) + 1024:
             names = {r.name for r in rows}
             self.seen = {k: v for k, v in self.seen.items() if k in names}
+
+
+def _inputs(view: NodeView) -> tuple[Any, ...]:
+    """What placement reads of a node view but its name and report time."""
+    return (view.devices, view.engines, view.fabric, view.weights, view.shared_weights,
+            view.cordoned)
 
 
 NODES, REPLICAS = NodeMemo(), Memo()
@@ -209,35 +229,60 @@ def node_inputs(snap: Snapshot) -> tuple[Any, ...]:
                   silence(n, now) > replace) for n in snap.nodes)
 
 
+def liveness(snap: Snapshot) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What placement reads of the nodes' report times: which nodes (by position) it has
+    not heard from within ``node_timeout_s``, and which have been silent past
+    ``replace_after_s``."""
+    now, timeout, replace = snap.now, snap.node_timeout_s, snap.replace_after_s
+    nodes = snap.nodes
+    return (tuple(i for i, n in enumerate(nodes) if not heard_from(n.last_report, now, timeout)),
+            tuple(i for i, n in enumerate(nodes) if silence(n, now) > replace))
+
+
 class PlanMemo:
     """The last snapshot placed and its plan: a pass whose snapshot places what the last
     one did (a steady fleet: only report times moved, within the same answers) gets a copy
     of that plan without placing again. Placement is pure, so the copy is what it would
     answer. The models and replicas are compared first (the memos' own view objects,
     mostly identities); the nodes' inputs only when those are equal, so a pass that
-    changed a replica pays nothing for the comparison."""
+    changed a replica pays nothing for the comparison. ``made`` (the reconciler's:
+    ``NODES.made`` as it built the snapshot) spares comparing the nodes themselves: while it
+    stays, the nodes of the same names are the views placed last, report times aside, so
+    only the names and the answers the report times give (:func:`liveness`) are compared;
+    once it moved, a node's inputs did, and the pass places without comparing."""
 
     def __init__(self) -> None:
         # the last snapshot placed, its plan, and its node inputs once they were needed
         self.last: tuple[Snapshot, Plan] | None = None
         self._inputs: tuple[Any, ...] | None = None
+        self._made: int | None = None
+        self._live: tuple[tuple[str, ...], Any] | None = None
         self.placed = 0                 # plans made (not copied), for tests and benches
 
-    def place(self, snap: Snapshot) -> Plan:
-        if self.last is None or not self._same(self.last[0], snap):
+    def place(self, snap: Snapshot, made: int | None = None) -> Plan:
+        if self.last is None or not self._same(self.last[0], snap, made):
             self.placed += 1
             self.last = (snap, place(snap))
-            self._inputs = None
+            self._inputs = self._live = None
+        self._made = made
         plan = self.last[1]
         # a copy: the pass changes what it was handed (control/steps.py, a rollout's room)
         return Plan(starts=list(plan.starts), stops=list(plan.stops),
                     stop_reasons=dict(plan.stop_reasons), unplaceable=dict(plan.unplaceable))
 
-    def _same(self, last: Snapshot, snap: Snapshot) -> bool:
+    def _same(self, last: Snapshot, snap: Snapshot, made: int | None) -> bool:
         if not (last.node_timeout_s == snap.node_timeout_s
                 and last.replace_after_s == snap.replace_after_s
                 and last.models == snap.models and last.replicas == snap.replicas):
             return False
+        if made is not None and made != self._made:
+            return False                # a node's inputs moved since: place (no compare)
+        if made is not None:
+            if self._live is None:
+                self._live = (tuple(n.name for n in last.nodes), liveness(last))
+            names, live = self._live
+            return len(names) == len(snap.nodes) \
+                and names == tuple(n.name for n in snap.nodes) and live == liveness(snap)
         if self._inputs is None:
             self._inputs = node_inputs(last)
         inputs = node_inputs(snap)

@@ -104,3 +104,44 @@ def test_node_views_are_copied_with_a_new_report_time_not_made_again() -> None:
     assert again == replace(first, last_report=NOW + 2) and again.classes == ("a100-80g",)
     other = snapshot.node_view(SimpleNamespace(**{**vars(row), "fabric": "ib-b"}))
     assert other.fabric == "ib-b"
+
+
+def device_text(healthy: bool = True, temperature: float = 40.0) -> str:
+    return ('[{"id": 0, "class": "a100-80g", "memory_total_mb": 81920, "memory_used_mb": 0, '
+            f'"healthy": {str(healthy).lower()}, "temperature_c": {temperature}}}]')
+
+
+def test_the_reconcilers_node_memo_tells_the_plan_memo_when_a_node_moved() -> None:
+    """As the reconciler runs them (its records patched in place for a report time, a new
+    record for anything else): report times and new readings alone place nothing again,
+    without comparing the nodes; a device gone unhealthy, a node gone silent, a node
+    joining do,
+    and each plan is placement's own."""
+    nodes, plans = snapshot.NodeMemo(), snapshot.PlanMemo()
+    rows = [SimpleNamespace(name=f"gpu-{i}", devices=device_text(),
+                            engines='["llama.cpp", "vllm"]', weights="{}", fabric="ib-a", cordoned=0, drain=None,
+                            last_report=NOW) for i in range(3)]
+
+    def pass_(at: float) -> tuple[object, object]:
+        s = snap([want(2, name="m")], [nodes.view(r) for r in rows])
+        s = replace(s, now=NOW + at)
+        return plans.place(s, nodes.made), place(s)
+
+    first, expected = pass_(0.0)
+    assert first == expected and plans.placed == 1 and [s.node for s in first.starts] == [
+        "gpu-0", "gpu-1"]
+    for at in (2.0, 4.0):
+        for row in rows:
+            row.last_report = NOW + at              # a heartbeat, patched in place
+        rows[1] = SimpleNamespace(**{**vars(rows[1]), "devices": device_text(temperature=at)})
+        assert pass_(at) == (first, expected) and plans.placed == 1
+    rows[0] = SimpleNamespace(**{**vars(rows[0]), "devices": device_text(healthy=False)})
+    got, expected = pass_(4.0)
+    assert got == expected and plans.placed == 2 and [s.node for s in got.starts] == [
+        "gpu-1", "gpu-2"]                         # gpu-0's device is not usable
+    rows[1].last_report = NOW - 60.0                # silent past the node timeout
+    got, expected = pass_(4.0)
+    assert got == expected and plans.placed == 3 and [s.node for s in got.starts] == ["gpu-2"]
+    rows.append(SimpleNamespace(**{**vars(rows[2]), "name": "gpu-3"}))
+    got, expected = pass_(4.0)
+    assert got == expected and plans.placed == 4 and len(got.starts) == 2
