@@ -20,7 +20,7 @@ import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -201,14 +201,16 @@ def model_samples(conn: Connection, now: float) -> list[dict[str, Any]]:
 
 
 def class_counts(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]], now: float,
-                 node_timeout_s: float, models: list[dict[str, Any]]
+                 node_timeout_s: float, models: list[dict[str, Any]],
+                 facts: Mapping[str, status_summary.Facts] | None = None
                  ) -> list[dict[str, Any]]:
     """Each device class as status shows it (status.summary.devices_by_class): devices
     of live nodes (all but the unreachable), devices held by replicas; and the ready
     replicas (not draining) on a device of the class. Pure: the status summary's
-    inputs."""
+    inputs (``facts``: the nodes' kept facts, as the summary has them)."""
     by_class = status_summary.devices_by_class(
-        nodes, replicas, now, node_timeout_s, status_summary.used_devices(replicas), models)
+        nodes, replicas, now, node_timeout_s, status_summary.used_devices(replicas), models,
+        facts)
     class_of = {(n["name"], d["id"]): d["class"] for n in nodes for d in n.get("devices", [])}
     ready: Counter[str] = Counter()
     for r in replicas:
@@ -226,14 +228,17 @@ def class_counts(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]], no
 def class_samples(conn: Connection, now: float, node_timeout_s: float
                   ) -> list[dict[str, Any]]:
     """:func:`class_counts` of the fleet as the store holds it, read as the status summary
-    reads it (control/summary_view.py: a node's JSON is decoded again only when its text
-    changed, so a minute's sample of 10,000 nodes decodes only what changed)."""
+    reads it (control/summary_view.py): through the process's kept fleet, so a minute's
+    sample of 10,000 nodes reads again only what the change log names and the report
+    times, and makes views and facts only of the nodes that changed (it read every node's
+    devices and compared every row's values: about 1.5 s of the reconciler's CPU each
+    minute)."""
+    model_rows, node_rows, replica_rows, parts, reports = summary_view.HELD.fleet(conn)
     decoded = summary_view.DECODED
-    nodes = [decoded.node(n) for n in repo.list_nodes(conn)]
-    parts = repo.parts_by_replica(conn)
-    replicas = [decoded.replica(r, parts.get(r.id), now) for r in repo.list_replicas(conn)]
-    models = [repo.model_to_dict(m) for m in repo.list_models(conn)]
-    return class_counts(nodes, replicas, now, node_timeout_s, models)
+    nodes, facts = decoded.nodes(node_rows, reports)
+    replicas = [decoded.replica(r, parts.get(r.id), now) for r in replica_rows]
+    models = [decoded.model(m) for m in model_rows]
+    return class_counts(nodes, replicas, now, node_timeout_s, models, facts)
 
 
 # ---------------------------------------------------------------- the reconciler's minute

@@ -36,8 +36,8 @@ from .states import failing, model_state
 class Decoded:
     """Nodes' JSON columns decoded once per text, kept between requests: the devices of a
     node by its name (decoded again only when its text changed), the engines, weights and
-    hardware by text (most nodes of a large fleet report the same); node, model and replica
-    rows as dicts by their names and values. What it returns is shared between requests:
+    hardware by text (most nodes of a large fleet report the same); model and replica rows
+    as dicts by their names and values, nodes by the kept fleet's records (``nodes``). What it returns is shared between requests:
     callers read it, never change it. Bounded: each map starts over when it holds more
     than ``limit`` entries."""
 
@@ -48,7 +48,6 @@ class Decoded:
         self._texts: dict[str, Any] = {}
         # name (a replica's id) -> (the row's values, its view)
         self._models: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-        self._nodes: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         # name -> (a view record, its view, its facts)
         self._records: dict[str, tuple[Any, dict[str, Any], status_summary.Facts]] = {}
         self._replicas: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
@@ -103,18 +102,6 @@ class Decoded:
             found = (values, replica_view(row, parts, now))
             self._keep(self._replicas, row.id, found)
         return dict(found[1])
-
-    def node(self, row: Any) -> dict[str, Any]:
-        """``fleet.node_view(row)`` (a test holds the two equal), kept while the row's
-        values but its report time (which moves with every report) stay: a copy with the
-        row's."""
-        values = dict(row._mapping if hasattr(row, "_mapping") else vars(row))
-        del values["last_report"]
-        found = self._nodes.get(row.name)
-        if found is None or found[0] != values:
-            found = (values, self._node(row))
-            self._keep(self._nodes, row.name, found)
-        return {**found[1], "last_report": row.last_report}
 
     def nodes(self, records: list[Any], reports: dict[str, tuple[Any, ...]]
               ) -> tuple[list[dict[str, Any]], dict[str, status_summary.Facts]]:

@@ -8,7 +8,7 @@ import json
 import time
 
 from llmgw_runtime.api.catalog import ModelSpec, Profile
-from llmgw_runtime.control import fleet, summary_view
+from llmgw_runtime.control import fleet, history, summary_view
 from llmgw_runtime.control.decide import Settings
 from llmgw_runtime.store import repo
 from llmgw_runtime.store.db import fleet_changed
@@ -45,9 +45,14 @@ def test_the_summary_view_answers_what_the_fleet_layer_does(api: Api) -> None:
             repo.update_replica(conn, "r-05", state="ready" if used == 900 else "starting")
         with api.store.begin() as conn:
             now = time.time()
-            for row in repo.list_nodes(conn):
-                assert summary_view.DECODED.node(row) == fleet.node_view(row)
             parts = repo.parts_by_replica(conn)
+            # the history's minute sample reads through the kept fleet too
+            plain = [fleet.node_view(row) for row in repo.list_nodes(conn)]
+            assert history.class_samples(conn, now, settings.node_timeout_s) \
+                == history.class_counts(plain, [fleet.replica_view(r, parts.get(r.id), now)
+                                                for r in repo.list_replicas(conn)], now,
+                                        settings.node_timeout_s,
+                                        [repo.model_to_dict(m) for m in repo.list_models(conn)])
             for rep in repo.list_replicas(conn):
                 assert summary_view.DECODED.replica(rep, parts.get(rep.id), now) \
                     == fleet.replica_view(rep, parts.get(rep.id), now)
