@@ -239,7 +239,8 @@ def line(r: dict[str, Any], controls: list[Control]) -> str:
     k, p, db = r["kinds"], r["passes"], r["db_per_s"]
     applies = "  applies " + ", ".join(f"{s:.1f} s" + ("" if code == 200 else f" HTTP {code}")
                                        for s, code in r["applies_s"]) if r["applies_s"] else ""
-    passes = f"{p['p99_ms']:.0f}/{p['max_ms']:.0f}" if p else "n/a"
+    passes = (f"{p['p99_ms']:.0f}/{p['max_ms']:.0f} (cpu p50/p99 {p['cpu_p50_ms']:.0f}/"
+              f"{p['cpu_p99_ms']:.0f})" if p else "n/a")
     return (f"{r['scenario']:>5} {r['agents']:>6} {r['period_s']:>5.1f} {r['target_rate']:>7.0f} "
             f"{r['rate']:>8.1f}{' (' + hosts + ')' if hosts else ''}"
             f"{'' if r['held'] else ' (answered ' + format(r['done_rate'], '.0f') + '/s)'}"

@@ -102,7 +102,8 @@ def stop(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
 # ------------------------------------------------ the control benchmark (control_bench.py)
 
 PASS_LINE = re.compile(r"reconcile passes last 10s: n=(\d+) full=(\d+) p50_ms=([\d.]+) "
-                       r"p99_ms=([\d.]+) max_ms=([\d.]+)")
+                       r"p99_ms=([\d.]+) max_ms=([\d.]+)"
+                       r"(?: cpu_p50_ms=([\d.]+) cpu_p99_ms=([\d.]+))?")
 
 
 def catalog_json(models: int, replicas: int, more: bool = False) -> bytes:
@@ -296,14 +297,15 @@ def pass_stats(logs: list[str]) -> dict[str, float]:
     """The reconciler's pass durations from its every-10-s lines in ``logs`` (the leader's:
     lines of no pass are skipped); p50 and p99 are the largest of the lines'. Empty when no
     line was logged."""
-    rows = [tuple(float(x) for x in m.groups()) for text in logs
+    rows = [tuple(float(x or "nan") for x in m.groups()) for text in logs
             for m in PASS_LINE.finditer(text)]
     rows = [r for r in rows if r[0] > 0]
     if not rows:
         return {}
     return {"n": sum(r[0] for r in rows), "full": sum(r[1] for r in rows),
             "p50_ms": max(r[2] for r in rows), "p99_ms": max(r[3] for r in rows),
-            "max_ms": max(r[4] for r in rows), "lines": len(rows)}
+            "max_ms": max(r[4] for r in rows), "cpu_p50_ms": max(r[5] for r in rows),
+            "cpu_p99_ms": max(r[6] for r in rows), "lines": len(rows)}
 
 
 def leaders(controls: list[Control]) -> dict[str, float]:

@@ -236,6 +236,6 @@ def test_the_passes_are_logged_every_10s_in_the_line_the_benchmarks_read(
         caplog: pytest.LogCaptureFixture) -> None:
     times = PassTimes(every_s=0.0)
     with caplog.at_level(logging.INFO, logger="llmgw_runtime.control.reconcile"):
-        times.add(0.0123, True)
+        times.add(0.0123, True, 0.0045)
     assert caplog.messages == ["reconcile passes last 10s: n=1 full=1 p50_ms=12.3 "
-                               "p99_ms=12.3 max_ms=12.3"]
+                               "p99_ms=12.3 max_ms=12.3 cpu_p50_ms=4.5 cpu_p99_ms=4.5"]
