@@ -231,8 +231,8 @@ def class_samples(conn: Connection, now: float, node_timeout_s: float
     reads it (control/summary_view.py): through the process's kept fleet, so a minute's
     sample of 10,000 nodes reads again only what the change log names and the report
     times, and makes views and facts only of the nodes that changed (it read every node's
-    devices and compared every row's values: about 1.5 s of the reconciler's CPU each
-    minute)."""
+    devices and compared every row's values: 0.6 s of the reconciler's CPU each minute at
+    10,000 nodes, 0.2-0.3 s now)."""
     model_rows, node_rows, replica_rows, parts, reports = summary_view.HELD.fleet(conn)
     decoded = summary_view.DECODED
     nodes, facts = decoded.nodes(node_rows, reports)

@@ -34,8 +34,8 @@ are logged (replicas, node drains) or volatile columns (models, ``plan_problem``
 
 Rows are held as ``SimpleNamespace`` objects (decide.py copies what it changes), every
 column but a node's ``credential_hash``; a node's volatile columns are patched into its
-record in place, any other change of a row gives it a new record; order is ``fleet.read``'s: models and nodes by
-name, replicas by model and start.
+record in place, any other change of a row gives it a new record; order is
+``fleet.read``'s: models and nodes by name, replicas by model and start.
 """
 
 from __future__ import annotations
