@@ -37,7 +37,7 @@ from ..placement import place
 from ..status import summary as status_summary
 from ..status.telling import error_line
 from ..store import accounts, history, repo
-from ..store.models import row_to_spec
+from ..store.models import spec_of
 from . import autoscale, capacity, drain, rollout, rollout_ops, snapshot
 from .decide import Changes, Fleet, Settings, decide, unpark_values
 from .routes import routes_of
@@ -206,7 +206,7 @@ def staying_names(conn: Connection, prune: bool) -> dict[str, tuple[str, ...]]:
     take their names (catalog/parse.validate's ``others``)."""
     if prune:
         return {}
-    return {m.name: row_to_spec(m).aliases for m in repo.list_models(conn)}
+    return {m.name: spec_of(m).aliases for m in repo.list_models(conn)}
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,

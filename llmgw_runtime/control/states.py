@@ -4,31 +4,11 @@ when a failed start may be retried. No I/O, no clock: ``now`` is passed in."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
-from ..api.catalog import ModelSpec
 from ..api.states import ReplicaState
 from ..catalog.scale import active_floor, replica_range
-from ..store.models import SPEC_COLUMNS, row_to_spec
-
-_SPECS: dict[tuple[Any, ...], ModelSpec] = {}
-_SPEC_KEY = attrgetter("name", *SPEC_COLUMNS)
-_SPECS_MAX = 16384
-
-
-def spec_of(row: Any) -> ModelSpec:
-    """``row_to_spec(row)``, remembered by the row's name and spec columns: a reconcile
-    pass asks for every model's spec several times each second, and catalogs rarely change
-    (a changed column is another key; the specs are frozen, so sharing one is safe)."""
-    key = _SPEC_KEY(row)
-    spec = _SPECS.get(key)
-    if spec is None:
-        if len(_SPECS) >= _SPECS_MAX:
-            _SPECS.clear()
-        spec = _SPECS[key] = row_to_spec(row)
-    return spec
-
+from ..store.models import spec_of as spec_of  # the reconciler's, kept by row values
 
 PARK_AFTER = 5                 # start failures in a row
 # A replica on its way to ready: a start of its model runs.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import typing
+from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Float, Integer, String, Text
@@ -101,3 +102,23 @@ def row_to_spec(row: Any) -> ModelSpec:
         values[name] = value
     return ModelSpec.model_validate(values, strict=False)
 
+
+
+_SPECS: dict[tuple[Any, ...], ModelSpec] = {}
+_SPEC_KEY = attrgetter("name", *SPEC_COLUMNS)
+_SPECS_MAX = 16384
+
+
+def spec_of(row: Any) -> ModelSpec:
+    """``row_to_spec(row)``, remembered by the row's name and spec columns: a reconcile
+    pass asks for every model's spec several times each second, and a catalog apply
+    compares every stored entry with the applied one (1,000 validations inside its
+    transaction); catalogs rarely change (a changed column is another key; the specs are
+    frozen, so sharing one is safe)."""
+    key = _SPEC_KEY(row)
+    spec = _SPECS.get(key)
+    if spec is None:
+        if len(_SPECS) >= _SPECS_MAX:
+            _SPECS.clear()
+        spec = _SPECS[key] = row_to_spec(row)
+    return spec

@@ -16,7 +16,7 @@ from .leases import holds_lease as holds_lease
 from .leases import lease_holder as lease_holder
 from .leases import release_lease as release_lease
 from .leases import try_lease as try_lease
-from .models import SPEC_COLUMNS, row_to_spec, spec_to_row
+from .models import SPEC_COLUMNS, spec_of, spec_to_row
 from .noderows import devices_of as devices_of
 from .noderows import homes as homes
 from .noderows import inventory_of as inventory_of
@@ -31,7 +31,7 @@ from .schema import events, models, nodes, replica_parts, replicas
 def model_to_dict(row: Any) -> dict[str, Any]:
     """A ``models`` row as the admin API shows it: its spec (store/models.py) and the
     fleet's state of it."""
-    spec = row_to_spec(row)
+    spec = spec_of(row)
     return {**spec.model_dump(mode="json", by_alias=True), "profile": spec.profile.to_dict(),
             "definition_hash": row.definition_hash, "parked": bool(row.parked),
             "consecutive_failures": row.consecutive_failures, "last_error": row.last_error,
@@ -67,8 +67,11 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
     existing = {r.name: r for r in conn.execute(sa.select(models))}
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "deleted": []}
     for spec in specs:
-        values = spec_to_row(spec)
         row = existing.get(spec.name)
+        if row is not None and row.deleted_at is None and spec_of(row) == spec:
+            result["unchanged"].append(spec.name)   # most entries: not even serialised
+            continue
+        values = spec_to_row(spec)
         if row is None:
             conn.execute(models.insert().values(
                 name=spec.name, parked=0, consecutive_failures=0, created=now, updated=now,
@@ -79,9 +82,6 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
             conn.execute(models.update().where(models.c.name == spec.name).values(
                 created=now, updated=now, deleted_at=None, **FRESH, **values))
             result["created"].append(spec.name)
-            continue
-        if row_to_spec(row) == spec:
-            result["unchanged"].append(spec.name)
             continue
         conn.execute(models.update().where(models.c.name == spec.name)
                      .values(updated=now, **values))
