@@ -33,8 +33,8 @@ from ..api.states import ReplicaState
 from ..catalog.scale import active_floor, replica_range
 from ..engines.slots import slots_of
 from ..status.summary import waiting_for_home
+from ..store.models import spec_of
 from .capacity import LOAD_WINDOW_S, Load, load_of
-from .states import spec_of
 
 EVENT = "autoscale"
 _AT_MAX = "at-max"

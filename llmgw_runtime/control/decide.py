@@ -18,9 +18,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..api.states import ReplicaState
+from ..store.models import spec_of
 from . import autoscale, drain, rollout, snapshot, steps
 from .drain import SETTLE_S, STALE_S
-from .states import PARK_AFTER, backoff_s, idle_expired, spec_of
+from .states import PARK_AFTER, backoff_s, idle_expired
 
 
 @dataclass(frozen=True)

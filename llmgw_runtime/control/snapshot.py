@@ -19,8 +19,9 @@ from ..placement import (
     place,
 )
 from ..placement.capacity import silence
+from ..store.models import spec_of
 from .drain import cordoned, draining_node, is_draining, replica_nodes
-from .states import in_backoff, spec_of, wanted_replicas
+from .states import in_backoff, wanted_replicas
 
 
 @functools.lru_cache(maxsize=16384)
@@ -224,8 +225,7 @@ def node_inputs(snap: Snapshot) -> tuple[Any, ...]:
     those two answers stand in for them. Two snapshots whose models, replicas, timeouts and
     node inputs are equal get equal plans."""
     now, timeout, replace = snap.now, snap.node_timeout_s, snap.replace_after_s
-    return tuple((n.name, n.devices, n.engines, n.fabric, n.weights, n.shared_weights,
-                  n.cordoned, heard_from(n.last_report, now, timeout),
+    return tuple((n.name, *_inputs(n), heard_from(n.last_report, now, timeout),
                   silence(n, now) > replace) for n in snap.nodes)
 
 

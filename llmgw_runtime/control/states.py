@@ -8,7 +8,6 @@ from typing import Any
 
 from ..api.states import ReplicaState
 from ..catalog.scale import active_floor, replica_range
-from ..store.models import spec_of as spec_of  # the reconciler's, kept by row values
 
 PARK_AFTER = 5                 # start failures in a row
 # A replica on its way to ready: a start of its model runs.

@@ -37,9 +37,9 @@ class Decoded:
     """Nodes' JSON columns decoded once per text, kept between requests: the devices of a
     node by its name (decoded again only when its text changed), the engines, weights and
     hardware by text (most nodes of a large fleet report the same); model and replica rows
-    as dicts by their names and values, nodes by the kept fleet's records (``nodes``). What it returns is shared between requests:
-    callers read it, never change it. Bounded: each map starts over when it holds more
-    than ``limit`` entries."""
+    as dicts by their names and values, nodes by the kept fleet's records (``nodes``). What
+    it returns is shared between requests: callers read it, never change it. Bounded: each
+    map starts over when it holds more than ``limit`` entries."""
 
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit

@@ -103,7 +103,6 @@ def row_to_spec(row: Any) -> ModelSpec:
     return ModelSpec.model_validate(values, strict=False)
 
 
-
 _SPECS: dict[tuple[Any, ...], ModelSpec] = {}
 _SPEC_KEY = attrgetter("name", *SPEC_COLUMNS)
 _SPECS_MAX = 16384
