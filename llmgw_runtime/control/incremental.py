@@ -48,6 +48,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..store import changes, repo
+from ..store.db import waiting
 from ..store.models import SPEC_COLUMNS
 from ..store.schema import models as models_table
 from ..store.schema import nodes as nodes_table
@@ -119,8 +120,10 @@ def _narrow(conn: Connection, table: Any, key: str, columns: tuple[str, ...]
               .compile(dialect=conn.dialect))
     cursor = conn.connection.cursor()
     try:
-        cursor.execute(sql)
-        return {values[0]: values for values in cursor.fetchall()}
+        with waiting(conn):               # bounded as a statement is, under a web request
+            cursor.execute(sql)
+            rows = cursor.fetchall()
+        return {values[0]: values for values in rows}
     finally:
         cursor.close()
 

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -133,7 +133,59 @@ def _postgres_engine(url: str) -> Engine:
             return bool(ping(dbapi_conn))
 
     setattr(engine.dialect, "do_ping", bounded_ping)  # noqa: B010 - an instance's own
+    # Each statement, COMMIT and ROLLBACK is bounded while it waits for the server
+    # (``arm``, then ``disarm`` once it returned), not the transaction as a whole: the
+    # client's own work between statements (a catalog of 1,000 models checked and
+    # written on a busy web worker: seconds) is not the server failing to answer.
+    event.listen(engine, "before_cursor_execute",
+                 lambda conn, cursor, *_: arm(conn, cursor.connection))
+    event.listen(engine, "after_cursor_execute", lambda conn, *_: disarm(conn))
+    event.listen(engine, "handle_error", lambda ctx: disarm(ctx.connection))
+    event.listen(engine, "commit", _arm_ending)
+    event.listen(engine, "rollback", _arm_ending)
     return engine
+
+
+def _arm_ending(conn: Connection) -> None:
+    """A COMMIT or ROLLBACK is about to wait for the server (not on a connection already
+    lost: there is nothing to wait for)."""
+    if not conn.invalidated:
+        arm(conn, conn.connection.dbapi_connection)
+
+
+WAITING = "llmgw.waiting"       # conn.info: the watch of the wait under way, if any
+
+
+def arm(conn: Connection | None, raw: Any) -> None:
+    """A wait for the server begins on ``conn``: under this thread's wait bound
+    (failover.set_wait) its connection ``raw`` is severed (failover.sever) if the server
+    has not answered within it. Unbounded threads arm nothing."""
+    bound = wait_s()
+    if conn is None or bound is None:
+        return
+    disarm(conn)
+    conn.info[WAITING] = WATCHDOG.watch(raw, bound, action=sever)
+
+
+def disarm(conn: Connection | None) -> None:
+    """The server answered (or the statement failed): the wait's watch is done."""
+    entry = None if conn is None else conn.info.pop(WAITING, None)
+    if entry is not None:
+        WATCHDOG.done(entry)
+
+
+@contextmanager
+def waiting(conn: Connection) -> Iterator[None]:
+    """Within: one wait for the server on ``conn`` outside SQLAlchemy's execution (a
+    driver cursor of its own, control/incremental.py), bounded as a statement is."""
+    if conn.dialect.name != "postgresql":
+        yield
+        return
+    arm(conn, conn.connection.dbapi_connection)
+    try:
+        yield
+    finally:
+        disarm(conn)
 
 
 @contextmanager
@@ -247,17 +299,18 @@ class Store:
         waiting for the synchronous standby)."""
         try:
             with self.engine.connect() as conn:
-                raw = conn.connection.dbapi_connection
-                # bounded: the whole transaction, its rollback and the pool's reset too
-                with bounded(raw) if self.dialect == "postgresql" else nullcontext(), \
-                        conn.begin() as trans:
-                    conn.info.pop(CHANGED, None)
-                    yield conn
-                    moved = conn.info.pop(CHANGED, None)
-                    if moved:
-                        bump(conn, moved)
-                    if self.dialect == "postgresql":
-                        self._commit(conn, trans)
+                # under a wait bound, each wait for the server is bounded (``arm``)
+                try:
+                    with conn.begin() as trans:
+                        conn.info.pop(CHANGED, None)
+                        yield conn
+                        moved = conn.info.pop(CHANGED, None)
+                        if moved:
+                            bump(conn, moved)
+                        if self.dialect == "postgresql":
+                            self._commit(conn, trans)
+                finally:
+                    disarm(conn)       # the COMMIT's or ROLLBACK's wait ended
             if moved:
                 self.moves += 1            # this process reads its own writes at once
         except DBAPIError as exc:

@@ -10,8 +10,10 @@ client, and a bound on a COMMIT that waits for the synchronous standby.
   WARNING that the transaction "might not have been replicated": :func:`unreplicated_notice`
   finds it, and the store treats that write as not acknowledged.
 - A wait bound per thread (:func:`set_wait`; the control service's web requests,
-  ``LLMGW_STORE_WAIT_S``): a transaction, its pooled connection's ping and a new
-  connection each wait at most that long for the server, after which the same watchdog
+  ``LLMGW_STORE_WAIT_S``): each statement of a transaction, its COMMIT or ROLLBACK, its
+  pooled connection's ping and a new connection each wait at most that long for the
+  server (store/db.py ``arm``: the client's own work between statements is not counted),
+  after which the same watchdog
   severs the connection's socket (:func:`sever`: the blocked read returns at once, the
   connection is dropped), and retries stop that long after the request began. A server
   that stops answering (a lost node before its keepalives tell, a paused postmaster) is
