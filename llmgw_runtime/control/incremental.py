@@ -6,6 +6,7 @@ after every pass of randomised operations), reading:
 
 - what the store's change log names since the last pass (``store.changes.since``): those
   nodes, models and replicas (with their worker parts) are read again, deleted ones leave;
+  of a node whose only entry is its device readings (kind telemetry) only ``devices``;
 - every row's *volatile* columns, the ones written without a change log entry, in three
   narrow reads: a node's ``last_report`` (the heartbeat writer's batches; their device
   readings are logged, kind telemetry) and ``plan_problem`` (the pass's own), a replica's
@@ -33,8 +34,9 @@ meanwhile is named by the next pass's entries and read again then. The pass's ow
 are logged (replicas, node drains) or volatile columns (models, ``plan_problem``).
 
 Rows are held as ``SimpleNamespace`` objects (decide.py copies what it changes), every
-column but a node's ``credential_hash``; a node's volatile columns are patched into its
-record in place, any other change of a row gives it a new record; order is
+column but a node's ``credential_hash``; a node's volatile columns and new device readings
+are patched into its record in place, any other change of a row gives it a new record
+(with ``reports_apart``, readings give a new record too); order is
 ``fleet.read``'s: models and nodes by name, replicas by model and start.
 """
 
@@ -167,7 +169,9 @@ class View:
             self.last_full = False
             turn = self.passes % self.full_every
             self._read_models(conn, changed.models | self._slice(self.models, turn))
-            self._read_nodes(conn, changed.nodes | self._slice(self.nodes, turn))
+            whole = (changed.nodes - changed.telemetry_only) | self._slice(self.nodes, turn)
+            self._read_nodes(conn, whole)
+            self._read_devices(conn, changed.telemetry_only - whole)
             self._read_replicas(conn, changed.replicas | self._slice(self.replicas, turn))
             self._volatile(conn)
         self.generation = changed.generation
@@ -236,6 +240,36 @@ class View:
             return
         self.nodes = self._merged(self.nodes, _named(conn, nodes_table, names, node_record),
                                   names)
+
+    def _read_devices(self, conn: Connection, names: Iterable[str]) -> None:
+        """Nodes whose only change is their device readings (kind telemetry: hundreds a
+        second in a fleet of 10,000 whose GPUs warm and cool): their ``devices`` alone,
+        patched into the record (in place for the leader's view, as its report columns
+        are; a copy for one that keeps reports apart, whose users know a record by its
+        identity). A node the view lacks, or one gone, is read whole."""
+        names = set(names)
+        if not names:
+            return
+        found: dict[str, str] = {}
+        for chunk in _chunks(names):
+            found.update((name, devices) for name, devices in conn.execute(
+                sa.select(nodes_table.c.name, nodes_table.c.devices)
+                .where(nodes_table.c.name.in_(chunk))))
+        whole = set()
+        copies = {}
+        for name in names:
+            row = self.nodes.get(name)
+            devices = found.get(name)
+            if row is None or devices is None:
+                whole.add(name)
+            elif row.devices != devices:
+                if self.reports_apart:
+                    copies[name] = _patched(row, {"devices": devices})
+                else:
+                    row.devices = devices
+        if copies:
+            self.nodes = {**self.nodes, **copies}
+        self._read_nodes(conn, whole)
 
     def _read_replicas(self, conn: Connection, ids: Iterable[str]) -> None:
         ids = set(ids)

@@ -27,17 +27,31 @@ from .states import in_backoff, wanted_replicas
 @functools.lru_cache(maxsize=16384)
 def device_views(devices_json: str) -> tuple[DeviceView, ...]:
     """The devices of a node's report; cached by the text, since a reconcile pass reads
-    every node each second and reports rarely change."""
+    every node each second and reports rarely change. A device's view is shared by every
+    report that places it alike (``_DEVICES``): new temperature or power readings give
+    the same objects, which compare at once."""
     out = []
     for dev in json.loads(devices_json):
+        id_, klass = dev["id"], dev["class"]
         total, used = dev.get("memory_total_mb") or 0, dev.get("memory_used_mb") or 0
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**53
-                   for v in (dev["id"], total, used)) or not isinstance(dev["class"], str):
+        # json gives int or bool for a whole number: ``type(v) is int`` leaves out bools
+        if not (type(id_) is int and type(total) is int and type(used) is int
+                and 0 <= id_ <= _MAX and 0 <= total <= _MAX and 0 <= used <= _MAX
+                and type(klass) is str):
             raise ValueError(f"device {str(dev.get('id'))[:20]} has an id, class or memory "
                              "figure that is not a whole number in range")
-        out.append(DeviceView(id=dev["id"], klass=dev["class"], memory_total_mb=total,
-                              memory_used_mb=used, healthy=dev.get("healthy", True) is True))
+        key = (id_, klass, total, used, dev.get("healthy", True) is True)
+        view = _DEVICES.get(key)
+        if view is None:
+            if len(_DEVICES) >= 65536:
+                _DEVICES.clear()
+            view = _DEVICES[key] = DeviceView(*key)
+        out.append(view)
     return tuple(out)
+
+
+_MAX = 2**53
+_DEVICES: dict[tuple[Any, ...], DeviceView] = {}
 
 
 @functools.lru_cache(maxsize=16384)
@@ -86,10 +100,11 @@ class NodeMemo:
     """Node views by node name, with the row and the values they were made of but the
     report time: a view is made again only when something else of its node changed, and
     otherwise copied with the new time (``NodeView.reported``). The leader's view
-    (control/incremental.py) patches a node's report time into its record in place and
-    gives any other change a new record, so a record seen before (the same object) is
-    known by its identity and its report time alone; another record is compared by its
-    values. ``made`` counts the views made with other placement inputs than the node's
+    (control/incremental.py) patches a node's report time and device readings into its
+    record in place and gives any other change a new record, so a record seen before (the
+    same object) with the same devices text (the same object too) is known by those and
+    its report time alone; another is compared by its values. ``made`` counts the views
+    made with other placement inputs than the node's
     last (a new node, other devices or engines; not new readings alone): while it stays,
     each node's view places as the one before it did, report time aside (``PlanMemo``)."""
 
@@ -99,7 +114,7 @@ class NodeMemo:
 
     def view(self, row: Any) -> NodeView:
         hit = self.seen.get(row.name)
-        if hit is not None and hit[0] is row:
+        if hit is not None and hit[0] is row and hit[1][1] is row.devices:
             view = hit[2]
             if view.last_report == row.last_report:
                 return view

@@ -16,7 +16,7 @@ import pytest
 
 from llmgw_runtime.api.catalog import ModelSpec, Profile
 from llmgw_runtime.api.router import IdleMap, ModelCapacity, Unreachable
-from llmgw_runtime.control import drain_ops, fleet
+from llmgw_runtime.control import drain_ops, fleet, snapshot
 from llmgw_runtime.control.decide import Fleet, Settings, decide
 from llmgw_runtime.control.incremental import View
 from llmgw_runtime.control.reconcile import PassTimes
@@ -66,8 +66,13 @@ def reconcile(store: Store, view: View) -> None:
     with store.begin() as conn:
         now = store.now(conn)
         got = view.refresh(conn)
-        same(got, fleet.read(conn))
+        want = fleet.read(conn)
+        same(got, want)
         fleet.write(conn, decide(got, now, SETTINGS), now)
+    # the planner's node views, remembered across passes (records patched in place
+    # included), are what a first sight of the full read's rows makes
+    assert [snapshot.NODES.view(row) for row in got.nodes.values()] == \
+        [snapshot.NodeMemo().view(row) for row in want.nodes.values()]
 
 
 class Ops:
