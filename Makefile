@@ -86,9 +86,13 @@ typecheck: $(STAMP)
 
 # The router's tests run a second time on the interpreted relay loop, the fallback of a
 # machine without a compiler (the routers the tests start inherit the setting).
+# Two pytest-xdist workers, a test file each at a time (PYTEST_WORKERS=1: one process):
+# most tests wait on the servers they start, and two halve the suite's 25 minutes here.
+PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 pytest: $(STAMP) ansible-deps system-deps runtime-deps llama-cpp
-	$(BIN)/python -m pytest -q
-	LLMGW_ROUTER_RELAY=interpreted $(BIN)/python -m pytest -q tests/router
+	$(PYTEST)
+	LLMGW_ROUTER_RELAY=interpreted $(PYTEST) tests/router
 
 # The Python checks alone (a minute); `test` adds ansible-lint and every Molecule scenario.
 test-fast: lint typecheck pytest

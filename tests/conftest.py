@@ -4,6 +4,7 @@ once per session, only when a test asks for it: 10-20 s)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,12 @@ from llmgw_runtime.store import Store
 from tests.support.llama_cpp import built_bin_dir
 from tests.support.patroni_cluster import PatroniCluster, missing_tools
 from tests.support.postgres import PostgresServer
+
+# `ctl`'s tables fit the terminal (COLUMNS first, else 100 columns off a terminal); the
+# tests that read them expect a non-terminal's width unless they set COLUMNS themselves,
+# and pytest-xdist's workers (make test runs two) export COLUMNS=80.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 
 @pytest.fixture(scope="session")
