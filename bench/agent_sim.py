@@ -17,6 +17,9 @@ Open loop: agent ``i`` of ``n`` sends at ``t0 + i/n * period + k * period``; lat
 measured from that scheduled time, so time spent queued behind a slow server counts. An
 agent whose answer comes after its next slot skips the slots it missed (it has one request
 open at a time, as the real agent), so an overloaded server answers fewer than the target.
+Each sample also keeps how late its send began (this process busy or not scheduled: the
+simulator shares the machine), so a window reports that lateness's p99 and the latency
+from the send, beside the latency from the schedule the targets are judged by.
 
 The protocol: one JSON object per line on stdin, one answer per line on stdout (every
 answer has ``ok``). Commands: ``init`` (hosts, join_token, period, reports, shared_weights,
@@ -97,6 +100,7 @@ class Record:
     def __init__(self) -> None:
         self.sched = array("d")           # scheduled send time (perf_counter)
         self.latency = array("d")         # seconds to the whole answer; NaN: failed
+        self.lag = array("d")             # seconds the send began after its schedule
         self.kind = array("b")            # index into KINDS
         self.host = array("b")
         self.errors: dict[int, str] = {}  # sample index -> what failed
@@ -104,11 +108,12 @@ class Record:
         self.marks: list[tuple[float, int]] = []   # (time, samples so far), every second
 
     def add(self, sched: float, latency: float | None, kind: int, host: int,
-            error: str | None = None) -> None:
+            error: str | None = None, lag: float = 0.0) -> None:
         if error is not None:
             self.errors[len(self.sched)] = error
         self.sched.append(sched)
         self.latency.append(math.nan if latency is None else latency)
+        self.lag.append(lag)
         self.kind.append(kind)
         self.host.append(host)
 
@@ -335,13 +340,15 @@ class SimAgent:
                     gevent.sleep(delay)
                 self.inflight = sched
                 carried = [rid for rid, left in self.restarting.items() if left]
+                began = time.perf_counter()     # later than sched: this process was busy
                 try:
                     status, kind = self.send()
                 except (OSError, ValueError) as exc:
                     record.add(sched, None, 0, self.host_index, type(exc).__name__)
                 else:
                     if status == 200:
-                        record.add(sched, time.perf_counter() - sched, kind, self.host_index)
+                        record.add(sched, time.perf_counter() - sched, kind, self.host_index,
+                                   lag=began - sched)
                         self._done_restart(carried)
                     else:
                         record.add(sched, None, kind, self.host_index, f"HTTP {status}")
@@ -477,7 +484,10 @@ def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
     in it, whenever they were sent (what a saturated server still answered)."""
     rec = fleet.record
     lat: list[float] = []
+    lags: list[float] = []                         # of the answered: the send's lateness
+    sent: list[float] = []                         # ... and the latency from the send
     errors: dict[str, int] = {}
+    slow_s: dict[int, int] = {}
     kinds = [0] * len(KINDS)
     hosts = [0] * len(fleet.hosts)
     done = 0                                       # answers that came in the window
@@ -490,19 +500,28 @@ def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
         kinds[rec.kind[i]] += 1
         if latency == latency:                     # not NaN: answered
             lat.append(latency)
+            if latency > 0.1:
+                slow_s[int(rec.sched[i] - start)] = slow_s.get(int(rec.sched[i] - start), 0) + 1
+            lags.append(rec.lag[i])
+            sent.append(latency - rec.lag[i])
             hosts[rec.host[i]] += 1
         else:
             what = rec.errors.get(i, "?")
             errors[what] = errors.get(what, 0) + 1
     lat.sort()
+    lags.sort()
+    sent.sort()
     late = sum(1 for a in fleet.agents if a.inflight is not None and start <= a.inflight < end)
     span = end - start
 
-    def pct(p: float) -> float:
-        return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1000 if lat else math.nan
+    def pct(p: float, values: list[float] = lat) -> float:
+        return values[min(len(values) - 1, int(p / 100 * len(values)))] * 1000 \
+            if values else math.nan
 
     return {"ok": True, "answered": len(lat), "rate": len(lat) / span, "done_rate": done / span,
             "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
+            "slow_s": slow_s, "t0_wall": time.time() - (time.perf_counter() - start),
+            "lag_p99_ms": pct(99, lags), "sent_p99_ms": pct(99, sent),
             "max_ms": lat[-1] * 1000 if lat else math.nan, "errors": errors, "late": late,
             "kinds": dict(zip(KINDS, kinds, strict=True)),
             "host_rates": [n / span for n in hosts], "reconnects": rec.reconnects,

@@ -246,6 +246,8 @@ def line(r: dict[str, Any], controls: list[Control]) -> str:
             f"{'' if r['held'] else ' (answered ' + format(r['done_rate'], '.0f') + '/s)'}"
             f" {r['p50_ms']:>7.1f} "
             f"{r['p95_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.0f}  "
+            f"p99 of the sim's lateness / from the send {r['lag_p99_ms']:.0f}/"
+            f"{r['sent_p99_ms']:.0f}  "
             f"full/hb/hb+full {k['full']}/{k['heartbeat']}/{k['heartbeat+full']}  "
             f"cpu% ctl {ctl} pg {cpu['postgres']:.0f} sim {cpu['sim']:.0f} "
             f"bench {cpu['bench']:.0f} other {cpu['other']:.0f}  "
