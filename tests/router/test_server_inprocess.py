@@ -188,3 +188,35 @@ def test_a_head_request_is_never_relayed() -> None:
         sock.sendall(_get())             # no body followed the HEAD's answer
         assert reader.answer()[2] == b"b"
     assert body.calls == [] and body.closed
+
+
+class _Marker:
+    """Something an app leaves in the WSGI environ, to see when the environ is freed."""
+
+
+def test_a_served_request_is_freed_while_its_connection_waits_for_the_next() -> None:
+    """Thousands of agents keep a connection open between reports seconds apart; what
+    a served request held (its environ, its body) must not live on until the next one
+    arrives, or every garbage collection walks it (docs/performance.md)."""
+    import time
+    import weakref
+
+    refs: list[weakref.ref[_Marker]] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        marker = _Marker()
+        environ["test.marker"] = marker
+        refs.append(weakref.ref(marker))
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    with serving(app) as address, socket.create_connection(address, timeout=5) as sock:
+        reader = Reader(sock)
+        sock.sendall(_get())
+        assert reader.answer()[2] == b"ok"
+        deadline = time.monotonic() + 2
+        while refs[0]() is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert refs[0]() is None, "the served request lives on while the connection idles"
+        sock.sendall(_get())                # and the connection still serves
+        assert reader.answer()[2] == b"ok"

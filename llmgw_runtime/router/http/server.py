@@ -237,6 +237,12 @@ class Connection:
             environ, body, keep = request
             if not self.respond(environ, body, keep) or not worker.alive:
                 return
+            # Nothing of a served request lives on while the connection waits for its next
+            # one (an agent's, seconds later): thousands of idle keep-alive connections'
+            # last requests were the young objects every collection walked.
+            if self.body is body:
+                self.body = None
+            del request, environ, body
 
     def refuse(self, exc: BadRequest | BodyError, lingers: bool = True) -> None:
         """Answer ``exc`` with ``Connection: close``; then a lingering close, as the client
