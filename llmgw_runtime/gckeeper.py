@@ -24,10 +24,10 @@ Freezing every 2 s left the young collections long: a web worker holds one keep-
 connection per agent, and each idle connection's wait (its timer, its waiter) and, until
 the server dropped it, its last request lived the seconds between an agent's reports, so
 every young collection walked 75,000-108,000 of them: 50-220 ms stops, up to 110 ms of
-CPU each (a ``gc.callbacks`` probe in b at 10,000 agents). Freezing every 0.25 s walks each
-about once, a quarter of a second's worth at a time: in the same run the stops over 50 ms fell
-from dozens to 2 (53 ms at most) and the collector's CPU from about 4.5 s to 1.4 s per
-worker in five minutes.
+CPU each (a ``gc.callbacks`` probe in b at 10,000 agents). Freezing every 0.25 s walks
+each about once, a quarter of a second's worth at a time: in a run of the same benchmark
+the stops over 50 ms fell from dozens to 2 (53 ms at most) and the collector's CPU from
+about 4.5 s to 1.4 s per worker in five minutes.
 """
 
 from __future__ import annotations
