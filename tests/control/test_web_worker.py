@@ -174,3 +174,57 @@ def test_a_catalog_parsed_off_the_event_loop_leaves_it_serving() -> None:
     assert inline.split()[:2] == ["inline", "1000"] and int(inline.split()[2]) <= 1
     assert offloaded.split()[:2] == ["offload", "1000"] and int(offloaded.split()[2]) >= 10
     assert error == "error CatalogError"
+
+
+def test_the_generation_lock_is_not_held_while_the_worker_serves_its_backlog(
+        postgres: PostgresServer) -> None:
+    """A transaction that changes the fleet holds the change log's generation row lock from
+    its UPDATE to its COMMIT, and every other writer of the fleet (both workers, the
+    reconciler) waits for it. In a busy gevent worker, a wait for the server that gives the
+    loop away there keeps the lock through whatever the other greenlets run first: here a
+    request that holds the CPU for 50 ms whenever it gets the loop. Under the lock, the
+    waits block the loop instead (for up to HOLD_LOOP_S each), so the lock is held for the
+    round trips alone; before the lock, the transaction still waits on the loop."""
+    url = postgres.create_database("generation_lock")
+    Store(url).migrate()
+    out = run_patched(f"""
+        import sqlalchemy as sa
+        from sqlalchemy import event
+        from llmgw_runtime.store import Store, repo
+        from llmgw_runtime.store.db import fleet_changed
+        store = Store({url!r})
+        marks = {{}}
+
+        @event.listens_for(store.engine, "after_cursor_execute")
+        def after(conn, cursor, statement, *_):
+            if statement.startswith("UPDATE generations"):
+                marks["locked"] = time.monotonic()
+
+        @event.listens_for(store.engine, "commit")
+        def commit(conn):
+            marks["commit"] = time.monotonic()
+
+        def busy():                                 # 50 ms of CPU each time it runs
+            while True:
+                began = time.monotonic()
+                while time.monotonic() - began < 0.05:
+                    pass
+                gevent.sleep(0.001)
+
+        with store.begin() as conn:                 # connected and warm
+            conn.exec_driver_sql("SELECT 1")
+        hog = gevent.spawn(busy)
+        gevent.sleep(0)
+        for i in range(3):
+            began = time.monotonic()
+            with store.begin() as conn:
+                repo.set_plan_problem(conn, "none", None)   # a statement before the lock
+                fleet_changed(conn, nodes=["n-%d" % i])
+            print(round((marks["commit"] - marks["locked"]) * 1000),
+                  round((time.monotonic() - began) * 1000))
+        hog.kill()
+    """)
+    for line in out.splitlines():
+        held_ms, whole_ms = map(int, line.split())
+        assert held_ms < 40, out                  # the lock: round trips alone
+        assert whole_ms >= 50, out                # the statement before it gave the loop
