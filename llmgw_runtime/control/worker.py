@@ -31,13 +31,11 @@ import time
 import warnings
 from typing import Any
 
-from gevent.monkey import MonkeyPatchWarning, get_original
+from gevent.monkey import MonkeyPatchWarning
 
 from ..router.http.server import RouterWorker
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0   # store/failover.LIBPQ_DEFAULTS' when a DSN names none
-HOLD_LOOP_S = 0.02                # the most one wait under the generation lock blocks the loop
-_select = get_original("select", "select")     # blocks: gevent's would yield
 
 
 class ControlWorker(RouterWorker):
@@ -72,35 +70,18 @@ def cooperative_psycopg2() -> None:
 
 def wait(conn: Any, timeout: float | None = None) -> None:
     """psycopg2's wait callback: poll ``conn`` until its operation is done, waiting for its
-    socket on the event loop; a connection being made is given its ``connect_timeout``.
-    While the transaction holds the change log's generation lock (failover.holding_loop:
-    from its UPDATE to its COMMIT), each wait first blocks the loop for up to
-    :data:`HOLD_LOOP_S`: a local server answers within it, and the lock is not held while
-    the worker serves its backlog of other requests, which every other writer of the fleet
-    would wait for (a convoy: issue 30's churn saturated on it)."""
+    socket on the event loop; a connection being made is given its ``connect_timeout``."""
     from gevent.socket import wait_read, wait_write
     from psycopg2 import OperationalError, extensions
-
-    from ..store.failover import holding_loop
 
     deadline = None
     if conn.status == extensions.STATUS_SETUP:        # connecting
         limit = connect_timeout_s(conn.dsn)
         deadline = None if limit is None else time.monotonic() + limit
-    held = 0.0 if holding_loop() else HOLD_LOOP_S     # seconds this wait blocked the loop
     while True:
         state = conn.poll()
         if state == extensions.POLL_OK:
             return
-        if held < HOLD_LOOP_S and state in (extensions.POLL_READ, extensions.POLL_WRITE):
-            began = time.monotonic()
-            fd = conn.fileno()
-            reading = state == extensions.POLL_READ
-            ready = _select([fd] if reading else [], [] if reading else [fd], [],
-                            HOLD_LOOP_S - held)
-            held += time.monotonic() - began
-            if ready[0] or ready[1]:
-                continue
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             raise OperationalError("timeout expired")

@@ -34,7 +34,6 @@ from .failover import (
     classify,
     connect_kwargs,
     connect_timeout_s,
-    hold_loop,
     retry_left_s,
     sever,
     unreplicated_notice,
@@ -307,12 +306,10 @@ class Store:
                         yield conn
                         moved = conn.info.pop(CHANGED, None)
                         if moved:
-                            hold_loop(True)     # the generation's lock: until COMMIT
                             bump(conn, moved)
                         if self.dialect == "postgresql":
                             self._commit(conn, trans)
                 finally:
-                    hold_loop(False)
                     disarm(conn)       # the COMMIT's or ROLLBACK's wait ended
             if moved:
                 self.moves += 1            # this process reads its own writes at once

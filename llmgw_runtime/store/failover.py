@@ -93,19 +93,6 @@ def set_wait(seconds: float | None) -> None:
     _BOUND.until = None if seconds is None else time.monotonic() + seconds
 
 
-def hold_loop(on: bool) -> None:
-    """While on, this thread's waits for the server keep an event loop's other work waiting
-    (control/worker.py ``wait``: for up to ``HOLD_LOOP_S`` each): a transaction holds the
-    change log's generation row lock from its UPDATE to its COMMIT (store/db.py ``bump``),
-    and every other writer of the fleet waits for that lock, so a gevent worker must not
-    run its other requests meanwhile."""
-    _BOUND.hold_loop = on
-
-
-def holding_loop() -> bool:
-    return getattr(_BOUND, "hold_loop", False)
-
-
 def wait_s() -> float | None:
     """This thread's bound on one wait for the server (None: unbound)."""
     return getattr(_BOUND, "wait_s", None)
@@ -175,17 +162,13 @@ class CommitWatchdog:
         self._heap: list[tuple[float, int, _Watch]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
-        self._pid = 0              # the process the thread runs in (a fork has none)
 
     def watch(self, raw: Any, timeout_s: float,
               action: Callable[[Any], None] | None = None) -> _Watch:
         entry = _Watch(raw, time.monotonic() + timeout_s, action)
         with self._cond:
             heapq.heappush(self._heap, (entry.deadline, next(self._seq), entry))
-            # not Thread.is_alive(): under gevent it yields to the event loop, and a COMMIT
-            # is watched while its transaction holds the change log's generation lock
-            if self._thread is None or self._pid != os.getpid():
-                self._pid = os.getpid()
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="llmgw-commit-watchdog")
                 self._thread.start()
@@ -202,12 +185,6 @@ class CommitWatchdog:
             return entry.fired
 
     def _run(self) -> None:
-        try:
-            self._loop()
-        finally:
-            self._thread = None    # the next watch starts another
-
-    def _loop(self) -> None:
         while True:
             due: list[_Watch] = []
             with self._cond:
