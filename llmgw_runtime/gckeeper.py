@@ -20,14 +20,14 @@ stop of the old length every quarter of an hour, instead of one every few second
 garbage kept longer than that. Reference counting frees everything else at once, frozen or
 not.
 
-Freezing every 2 s left the young collections long: a web worker holds one keep-alive
-connection per agent, and each idle connection's wait (its timer, its waiter) and, until
-the server dropped it, its last request lived the seconds between an agent's reports, so
-every young collection walked 75,000-108,000 of them: 50-220 ms stops, up to 110 ms of
-CPU each (a ``gc.callbacks`` probe in b at 10,000 agents). Freezing every 0.25 s walks
-each about once, a quarter of a second's worth at a time: in a run of the same benchmark
-the stops over 50 ms fell from dozens to 2 (53 ms at most) and the collector's CPU from
-about 4.5 s to 1.4 s per worker in five minutes.
+The young collections stay long: a web worker holds one keep-alive connection per
+agent, and each idle connection's wait (its timer, its waiter) lives the seconds between
+an agent's reports, so a young collection walks 75,000-108,000 of them: 50-220 ms stops,
+up to 110 ms of CPU each (a ``gc.callbacks`` probe in b at 10,000 agents; the server no
+longer keeps each connection's last request alive too). Freezing every 0.25 s instead
+cut the stops over 50 ms from dozens to 2 and the collector's CPU by two thirds, but the
+churn runs after it were worse than those before (docs/performance.md, stop 40), so the
+interval stays 2 s until that is understood.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import time
 
 log = logging.getLogger(__name__)
 
-FREEZE_EVERY_S = 0.25
+FREEZE_EVERY_S = 2.0
 UNFREEZE_EVERY_S = 900.0
 
 
