@@ -487,7 +487,6 @@ def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
     lags: list[float] = []                         # of the answered: the send's lateness
     sent: list[float] = []                         # ... and the latency from the send
     errors: dict[str, int] = {}
-    slow_s: dict[int, int] = {}
     kinds = [0] * len(KINDS)
     hosts = [0] * len(fleet.hosts)
     done = 0                                       # answers that came in the window
@@ -500,8 +499,6 @@ def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
         kinds[rec.kind[i]] += 1
         if latency == latency:                     # not NaN: answered
             lat.append(latency)
-            if latency > 0.1:
-                slow_s[int(rec.sched[i] - start)] = slow_s.get(int(rec.sched[i] - start), 0) + 1
             lags.append(rec.lag[i])
             sent.append(latency - rec.lag[i])
             hosts[rec.host[i]] += 1
@@ -520,7 +517,6 @@ def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
 
     return {"ok": True, "answered": len(lat), "rate": len(lat) / span, "done_rate": done / span,
             "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
-            "slow_s": slow_s, "t0_wall": time.time() - (time.perf_counter() - start),
             "lag_p99_ms": pct(99, lags), "sent_p99_ms": pct(99, sent),
             "max_ms": lat[-1] * 1000 if lat else math.nan, "errors": errors, "late": late,
             "kinds": dict(zip(KINDS, kinds, strict=True)),
