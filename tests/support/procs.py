@@ -16,10 +16,46 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _port_block() -> range:
+    """This test process's own ports: below the kernel's ephemeral range, one block per worker.
+
+    A port the kernel handed out for ``bind(0)`` comes from the range it also gives every
+    outgoing connection, and a test that stops a server and starts it again on the same
+    port (a Patroni member after a failover) can then find it taken by some client's socket,
+    most often one of the other pytest-xdist worker's. Ports below that range are only ever
+    taken by a bind, and each worker draws from its own block, so none hands out another's.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    top = min(_ephemeral_low(), 65536)
+    size = max((top - 10000) // 8, 256)
+    low = 10000 + (index % 8) * size
+    return range(low, low + size)
+
+
+_BLOCK = _port_block()
+_NEXT = [_BLOCK.start + (os.getpid() * 7919) % len(_BLOCK)]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free on 127.0.0.1 now and not handed out before by this process."""
+    for _ in range(len(_BLOCK)):
+        port = _NEXT[0]
+        _NEXT[0] = port + 1 if port + 1 < _BLOCK.stop else _BLOCK.start
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {_BLOCK.start}-{_BLOCK.stop - 1}")
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
