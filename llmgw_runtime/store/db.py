@@ -260,6 +260,33 @@ def bump(conn: Connection, changed: Iterable[tuple[str, str]] | None = None) -> 
     return int(value)
 
 
+# On PostgreSQL the bump, the log and the COMMIT go in one message (the simple query
+# protocol runs it statement by statement, and stops at the first error): the server takes
+# the generation's row lock and releases it at the COMMIT without waiting for this client
+# in between. Sent as separate statements, each wait for an answer held the lock while a
+# busy gevent worker served its other requests, and every other writer queued behind it (a
+# convoy of 10-50 backends on this lock at 10,000 agents, docs/performance.md). The upsert
+# also makes the row if a store lacks it.
+_BUMP_AND_COMMIT = (
+    "WITH g AS (INSERT INTO generations (name, value) VALUES ('fleet', 1) "
+    "ON CONFLICT (name) DO UPDATE SET value = generations.value + 1 RETURNING value) "
+    "INSERT INTO changes (seq, kind, key, at) "
+    "SELECT g.value, v.kind, v.key, extract(epoch from clock_timestamp()) "
+    "FROM g, (VALUES {rows}) AS v (kind, key); COMMIT")
+
+
+def bump_and_commit(conn: Connection, changed: Iterable[tuple[str, str]]) -> None:
+    """:func:`bump` with entries, then COMMIT, in one message to PostgreSQL (above). The
+    driver still thinks the transaction open: its own COMMIT after this one finds none
+    (a warning, no error)."""
+    rows = sorted(set(changed))
+    params: list[str] = []
+    for kind, key in rows:
+        params += [kind, key[:255]]
+    sql = _BUMP_AND_COMMIT.format(rows=", ".join(["(%s, %s)"] * len(rows)))
+    conn.exec_driver_sql(sql, tuple(params))
+
+
 def generation() -> Any:
     """The "fleet" generation as a scalar subquery (NULL before revision 0007)."""
     return (sa.select(generations.c.value).where(generations.c.name == "fleet")
@@ -305,10 +332,10 @@ class Store:
                         conn.info.pop(CHANGED, None)
                         yield conn
                         moved = conn.info.pop(CHANGED, None)
-                        if moved:
-                            bump(conn, moved)
                         if self.dialect == "postgresql":
-                            self._commit(conn, trans)
+                            self._commit(conn, trans, moved)
+                        elif moved:
+                            bump(conn, moved)
                 finally:
                     disarm(conn)       # the COMMIT's or ROLLBACK's wait ended
             if moved:
@@ -325,13 +352,16 @@ class Store:
                 + (f" ({why})" if why != "the server cannot be reached" else "")
                 + "; check that the database is up, then retry") from exc
 
-    def _commit(self, conn: Connection, trans: Any) -> None:
-        """COMMIT, cancelled after ``commit_timeout_s``; a cancelled wait for the
-        synchronous standby reports success with a WARNING: not acknowledged."""
+    def _commit(self, conn: Connection, trans: Any, moved: Any = None) -> None:
+        """COMMIT (with the bump and log of ``moved``, :func:`bump_and_commit`), cancelled
+        after ``commit_timeout_s``; a cancelled wait for the synchronous standby reports
+        success with a WARNING: not acknowledged."""
         raw: Any = conn.connection.dbapi_connection
         del raw.notices[:]
         entry = WATCHDOG.watch(raw, self.commit_timeout_s)
         try:
+            if moved:
+                bump_and_commit(conn, moved)
             trans.commit()
         except DBAPIError as exc:
             cancelled = WATCHDOG.done(entry)

@@ -168,7 +168,8 @@ class CommitWatchdog:
         entry = _Watch(raw, time.monotonic() + timeout_s, action)
         with self._cond:
             heapq.heappush(self._heap, (entry.deadline, next(self._seq), entry))
-            if self._thread is None or not self._thread.is_alive():
+            # no ``is_alive()``: under gevent it gives the loop away, once a COMMIT
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="llmgw-commit-watchdog")
                 self._thread.start()
@@ -185,6 +186,13 @@ class CommitWatchdog:
             return entry.fired
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:                    # the next watch starts another
+            with self._cond:
+                self._thread = None
+
+    def _loop(self) -> None:
         while True:
             due: list[_Watch] = []
             with self._cond:
@@ -209,6 +217,8 @@ class CommitWatchdog:
 
 
 WATCHDOG = CommitWatchdog()
+# A forked child has none of the parent's threads, and may have its lock taken.
+os.register_at_fork(after_in_child=WATCHDOG.__init__)  # type: ignore[misc]
 
 
 def renew_after_patch() -> None:

@@ -5,11 +5,17 @@ pruned log no longer reaches re-reads everything."""
 from __future__ import annotations
 
 import threading
+import uuid
+from typing import Any
+
+import psycopg2
+import sqlalchemy as sa
 
 from llmgw_runtime.api.agent import DeviceReport, Report
 from llmgw_runtime.api.catalog import ModelSpec
 from llmgw_runtime.store import Store, changes, repo
 from llmgw_runtime.store.db import fleet_changed
+from tests.support.postgres import PostgresServer
 
 SPEC = ModelSpec.model_validate({"name": "tiny", "source": "file:///m/tiny.gguf",
                                  "engine": "llama.cpp", "profile": {"class": "cpu"}})
@@ -142,3 +148,43 @@ def test_a_reader_the_pruned_log_no_longer_reaches_rereads_everything(store: Sto
         fleet_changed(conn, models=("m",))
     got = since(store, recent)
     assert not got.everything and got.models == {"m"}
+
+
+def test_a_fleet_change_holds_the_generation_lock_only_while_the_server_commits(
+        postgres: PostgresServer) -> None:
+    """Every fleet-changing writer takes the generation's row lock to keep the log in
+    commit order. Held across this client's waits for answers, a busy control worker kept it
+    while serving its other requests and every other writer queued behind: so the bump, the
+    log and the COMMIT go to the server in one message, and whenever the writer has an
+    answer in hand the lock is free again."""
+    url = postgres.create_database(f"t_{uuid.uuid4().hex[:10]}")
+    store = Store(url)
+    store.migrate()
+    probe = psycopg2.connect(url)
+    seen: list[str] = []
+
+    def after(conn: Any, *_: Any) -> None:       # the writer has the server's answer
+        with probe.cursor() as cur:
+            try:
+                cur.execute("SELECT value FROM generations WHERE name = 'fleet' "
+                            "FOR UPDATE NOWAIT")
+                seen.append("free")
+            except psycopg2.errors.LockNotAvailable:
+                seen.append("held")
+        probe.rollback()
+
+    try:
+        before = generation(store)
+        sa.event.listen(store.engine, "after_cursor_execute", after)
+        sa.event.listen(store.engine, "commit", after)
+        with store.begin() as conn:
+            fleet_changed(conn, nodes=["n1", "n2"], models=["tiny"])
+        sa.event.remove(store.engine, "after_cursor_execute", after)
+        sa.event.remove(store.engine, "commit", after)
+        assert seen and "held" not in seen, seen
+        got = since(store, before)
+        assert (got.generation, got.nodes, got.models) == (
+            before + 1, {"n1", "n2"}, {"tiny"})
+    finally:
+        probe.close()
+        store.dispose()
