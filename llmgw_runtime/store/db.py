@@ -139,11 +139,23 @@ def _postgres_engine(url: str) -> Engine:
     # written on a busy web worker: seconds) is not the server failing to answer.
     event.listen(engine, "before_cursor_execute",
                  lambda conn, cursor, *_: arm(conn, cursor.connection))
-    event.listen(engine, "after_cursor_execute", lambda conn, *_: disarm(conn))
+    event.listen(engine, "after_cursor_execute", _after_execute)
     event.listen(engine, "handle_error", lambda ctx: disarm(ctx.connection))
     event.listen(engine, "commit", _arm_ending)
     event.listen(engine, "rollback", _arm_ending)
     return engine
+
+
+def _after_execute(conn: Connection, cursor: Any, *_: Any) -> None:
+    disarm(conn)
+    # SQLAlchemy's psycopg2 dialect logs and clears the driver's notices after each
+    # statement; the COMMIT sent with the bump (``bump_and_commit``) may leave one saying
+    # it was not replicated, so keep them for ``Store._commit``.
+    notices = cursor.connection.notices
+    if notices:
+        kept = conn.info.setdefault(NOTICES, [])
+        kept.extend(notices)
+        del kept[:-50]                  # as many as psycopg2 keeps
 
 
 def _arm_ending(conn: Connection) -> None:
@@ -202,6 +214,7 @@ def bounded(raw: Any) -> Iterator[None]:
 
 
 CHANGED = "llmgw.fleet_changed"
+NOTICES = "llmgw.notices"         # the server's notices to this transaction's statements
 MIGRATION_LOCK = 0x6C6D6777   # "lmgw": the advisory lock migrations take on PostgreSQL
 ALL = ("all", "")                 # a change log entry: anything may have changed
 
@@ -358,6 +371,7 @@ class Store:
         success with a WARNING: not acknowledged."""
         raw: Any = conn.connection.dbapi_connection
         del raw.notices[:]
+        conn.info.pop(NOTICES, None)
         entry = WATCHDOG.watch(raw, self.commit_timeout_s)
         try:
             if moved:
@@ -365,7 +379,7 @@ class Store:
             trans.commit()
         except DBAPIError as exc:
             cancelled = WATCHDOG.done(entry)
-            notice = unreplicated_notice(raw.notices)
+            notice = unreplicated_notice(conn.info.pop(NOTICES, []) + raw.notices)
             if cancelled or notice:
                 self._not_acknowledged(conn, notice or f"the COMMIT was cancelled after "
                                        f"{self.commit_timeout_s:.0f} s ({exc.orig})")
@@ -375,7 +389,7 @@ class Store:
                                        f"({first}), so it may or may not have committed")
             raise
         cancelled = WATCHDOG.done(entry)
-        notice = unreplicated_notice(raw.notices)
+        notice = unreplicated_notice(conn.info.pop(NOTICES, []) + raw.notices)
         if notice or cancelled:
             self._not_acknowledged(conn, notice or f"the COMMIT was cancelled after "
                                                    f"{self.commit_timeout_s:.0f} s")

@@ -4,6 +4,7 @@ synchronous_standby_names names a standby that never connects, so every COMMIT w
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from llmgw_runtime.store import NotAcknowledged, Store, StoreUnavailable, repo
+from llmgw_runtime.store.db import fleet_changed
 from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.slow
@@ -84,6 +86,54 @@ def test_a_commit_cancelled_while_waiting_for_the_standby_is_not_acknowledged(
     with store.begin() as conn:            # the pool was emptied; reads still work
         assert store.now(conn) > 0
     store.dispose()
+
+
+def test_a_fleet_change_waiting_for_the_standby_is_not_acknowledged(
+        waiting: WaitingPrimary) -> None:
+    """The bump, its log entries and the COMMIT go as one message (store/db.py
+    ``bump_and_commit``): its wait for the standby is bounded and reported as one COMMIT's."""
+    store = Store(waiting.url, commit_timeout_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(NotAcknowledged, match="might not have been replicated"):
+        with store.begin() as conn:
+            repo.add_event(conn, 1.0, "test", "s", "unreplicated fleet change")
+            fleet_changed(conn, nodes=["n1"])
+    assert 0.9 < time.monotonic() - started < 5
+    assert "unreplicated fleet change" in waiting.events()
+    store.dispose()
+
+
+def test_a_forked_child_bounds_its_commits_too(waiting: WaitingPrimary) -> None:
+    """gunicorn forks its workers from a process that may have committed already: the
+    child has none of the parent's threads, so its commit watchdog starts its own."""
+    store = Store(waiting.url, commit_timeout_s=1.0)
+    with pytest.raises(NotAcknowledged):             # the parent's watchdog thread runs
+        with store.begin() as conn:
+            repo.add_event(conn, 1.0, "test", "s", "parent")
+    store.dispose()
+    pid = os.fork()
+    if pid == 0:                                      # the child: exit 0 when bounded
+        code = 1
+        try:
+            child = Store(waiting.url, commit_timeout_s=1.0)
+            started = time.monotonic()
+            try:
+                with child.begin() as conn:
+                    repo.add_event(conn, 1.0, "test", "s", "child")
+            except NotAcknowledged:
+                code = 0 if time.monotonic() - started < 5 else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's COMMIT waited past its bound")
 
 
 def test_a_non_idempotent_write_is_not_retried(waiting: WaitingPrimary) -> None:
