@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from llmgw_runtime.router.http import server
 from llmgw_runtime.router.http.errors import StreamBroken
 from llmgw_runtime.router.http.server import RouterWorker
 
@@ -25,7 +26,7 @@ WSGIApp = Callable[[dict[str, Any], Any], Any]
 
 
 @contextlib.contextmanager
-def serving(app: WSGIApp) -> Iterator[tuple[str, int]]:
+def serving(app: WSGIApp, keepalive: float = 5) -> Iterator[tuple[str, int]]:
     """RouterWorker.handle serving ``app`` on a gevent StreamServer whose hub runs in a
     thread of its own (gunicorn's worker object faked with what ``handle`` reads)."""
     ready: queue.Queue[int] = queue.Queue()
@@ -36,7 +37,7 @@ def serving(app: WSGIApp) -> Iterator[tuple[str, int]]:
         from gevent.server import StreamServer
 
         worker = SimpleNamespace(
-            cfg=SimpleNamespace(keepalive=5, is_ssl=False, workers=1), wsgi=app,
+            cfg=SimpleNamespace(keepalive=keepalive, is_ssl=False, workers=1), wsgi=app,
             alive=True, nr=0, max_requests=1 << 40, log=logging.getLogger("test-worker"))
         def handle(client: Any, addr: Any) -> None:
             RouterWorker.handle(worker, server.socket, client, addr)  # type: ignore[arg-type]
@@ -220,3 +221,53 @@ def test_a_served_request_is_freed_while_its_connection_waits_for_the_next() -> 
         assert refs[0]() is None, "the served request lives on while the connection idles"
         sock.sendall(_get())                # and the connection still serves
         assert reader.answer()[2] == b"ok"
+
+
+def _ok(environ: dict[str, Any], start_response: Any) -> Any:
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"ok"]
+
+
+def test_an_idle_keep_alive_connection_is_closed_at_its_deadline_not_before() -> None:
+    """Waits for a head are untimed reads ended by the worker's sweeper (server.Waiting):
+    the keep-alive time still holds, within a sweep, both after a served request and for
+    a connection that never sends one."""
+    import time
+
+    with serving(_ok, keepalive=1.5) as address, \
+            socket.create_connection(address, timeout=10) as served, \
+            socket.create_connection(address, timeout=10) as silent:
+        reader = Reader(served)
+        served.sendall(_get())
+        assert reader.answer()[2] == b"ok"
+        started = time.monotonic()
+        time.sleep(1.0)                       # within the keep-alive time: still served
+        served.sendall(_get())
+        assert reader.answer()[2] == b"ok"
+        assert reader.closed()                # then closed once idle for 1.5 s
+        idle = time.monotonic() - started - 1.0
+        assert 1.4 < idle < 1.5 + 2 * server.SWEEP_S + 1.0, idle
+        assert _raw_until_closed(silent) == b""
+
+
+def test_idle_connections_hold_no_timer_each() -> None:
+    """Each timed read made a gevent Timeout (with its timer and a TimeoutError) that lived
+    as long as the connection idled: at 10,000 agents, tens of thousands of young objects
+    that every collection walked (docs/performance.md)."""
+    import gc
+    import time
+
+    from gevent import Timeout
+
+    with serving(_ok, keepalive=30) as address:
+        socks = [socket.create_connection(address, timeout=10) for _ in range(50)]
+        try:
+            for sock in socks:
+                sock.sendall(_get())
+                assert Reader(sock).answer()[2] == b"ok"
+            time.sleep(0.2)                   # every connection waits for its next request
+            timers = sum(type(o) is Timeout for o in gc.get_objects())
+            assert timers < 10, f"{timers} gevent Timeouts alive for 50 idle connections"
+        finally:
+            for sock in socks:
+                sock.close()

@@ -39,6 +39,7 @@ from .errors import StreamBroken
 from .rawsock import sender
 
 HEAD_DEADLINE_S = 5.0         # a head's time when keep-alive is off
+SWEEP_S = 0.5                 # how often a worker ends the waits for a head past its deadline
 _BLOCK = 65536
 _500 = "500 Internal Server Error"
 _FAILED = "the router failed on this request (its log says why)"
@@ -83,6 +84,46 @@ class RouterWorker(GeventWorker):
 Request = tuple[dict[str, Any], BodyIn, bool]   # environ, its body, keep-alive asked
 
 
+class Waiting:
+    """The connections of one worker waiting for a request's head, with its deadline, and
+    one greenlet that ends those past it (every ``SWEEP_S``): the wait itself is untimed.
+
+    A timed read makes a gevent ``Timeout``, its timer and a ``TimeoutError`` per wait.
+    Thousands of idle keep-alive connections (one per agent at the control service, each
+    idle the seconds between its reports) kept that many of each alive at once, and every
+    collection of the young generations walked them: 50-220 ms stops of the worker
+    (docs/performance.md). Here a wait costs a dict entry and no collected object."""
+
+    def __init__(self) -> None:
+        self.until: dict[Connection, float] = {}
+        self.sweeper: Any = None
+
+    def add(self, conn: Connection, deadline: float) -> None:
+        self.until[conn] = deadline
+        if self.sweeper is None:
+            import gevent
+            self.sweeper = gevent.spawn(self._sweep)
+
+    def _sweep(self) -> None:
+        import gevent
+        try:
+            while self.until:
+                gevent.sleep(SWEEP_S)
+                now = time.monotonic()
+                for conn in [c for c, t in self.until.items() if t <= now]:
+                    del self.until[conn]
+                    conn.expire()
+        finally:
+            self.sweeper = None
+
+
+def waiting_of(worker: Any) -> Waiting:
+    found: Waiting | None = getattr(worker, "llmgw_waiting", None)
+    if found is None:
+        found = worker.llmgw_waiting = Waiting()
+    return found
+
+
 class Connection:
     """One client connection: requests parsed by llhttp, served by the WSGI app and
     answered in turn until either side closes it or the worker stops. It is also the
@@ -95,6 +136,7 @@ class Connection:
         self.failed_text = getattr(worker, "failed_text", _FAILED)
         cfg = worker.cfg
         self.keepalive_s = float(cfg.keepalive or 0)
+        self.waiting = waiting_of(worker)
         self.parser = httptools.HttpRequestParser(self)
         self.ready: deque[Request] = deque()     # parsed heads not served yet (pipelining)
         self.failed: BadRequest | None = None   # the parser stopped on this
@@ -188,6 +230,26 @@ class Connection:
         finally:
             self.sock.settimeout(None)
 
+    def _recv_head(self, deadline: float) -> bytes:
+        """A read while waiting for a head: untimed, ended by the worker's sweeper once
+        ``deadline`` passed (:class:`Waiting`); b"" then, as when the client closed."""
+        if deadline <= time.monotonic():
+            return b""
+        waiting = self.waiting
+        waiting.add(self, deadline)
+        try:
+            return self.sock.recv(_BLOCK)     # type: ignore[no-any-return]
+        finally:
+            waiting.until.pop(self, None)
+
+    def expire(self) -> None:
+        """End the wait for a head (the sweeper's call): the read side is shut, so the
+        read returns at once with what had arrived, then with nothing."""
+        try:
+            getattr(self.sock, "_sock", self.sock).shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
     def next_request(self, deadline: float) -> Request | None:
         """The next request (its head whole, its body to be read), or None when the client
         closed or did not send a whole head before ``deadline``."""
@@ -196,10 +258,7 @@ class Connection:
                 raise self.failed
             if self.ended:
                 return None
-            try:
-                data = self._recv(deadline)
-            except TimeoutError:
-                return None
+            data = self._recv_head(deadline)
             if not data:
                 return None
             self.feed(data)
