@@ -301,8 +301,21 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def machine_speed_ms() -> float:
+    """CPU ms of a fixed pure-Python loop, best of 3 (lower is faster): this machine's
+    speed varies 2x from run to run, so each run says how fast it was at its start and
+    end, and runs are compared with that in mind."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        sum(i * i for i in range(3_000_000))
+        best = min(best, time.process_time() - started)
+    return best * 1000
+
+
 def bench(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-control-bench-"))
+    speed = [machine_speed_ms()]
     pg = PostgresServer()
     b: Bench | None = None
     try:
@@ -320,14 +333,18 @@ def bench(args: argparse.Namespace) -> int:
         if pg.log.exists():
             shutil.copy(pg.log, workdir / "postgres.log")
         pg.stop()
-    print("\n" + HEADER)
+    speed.append(machine_speed_ms())
+    print(f"\nmachine speed: a fixed Python loop took {speed[0]:.0f} ms of CPU at the start, "
+          f"{speed[1]:.0f} ms at the end (lower is faster)")
+    print(HEADER)
     for r in b.rows:
         print(line(r, b.controls))
     print()
     results = verdicts(b.rows)
     print("\n".join(results))
     if args.json:
-        Path(args.json).write_text(json.dumps(b.rows, indent=1))
+        Path(args.json).write_text(json.dumps(
+            [{**r, "machine_speed_ms": speed} for r in b.rows], indent=1))
     return 1 if args.strict and any("MISSED" in x for x in results) else 0
 
 

@@ -20,14 +20,16 @@ stop of the old length every quarter of an hour, instead of one every few second
 garbage kept longer than that. Reference counting frees everything else at once, frozen or
 not.
 
-The young collections stay long: a web worker holds one keep-alive connection per
-agent, and each idle connection's wait (its timer, its waiter) lives the seconds between
-an agent's reports, so a young collection walks 75,000-108,000 of them: 50-220 ms stops,
-up to 110 ms of CPU each (a ``gc.callbacks`` probe in b at 10,000 agents; the server no
-longer keeps each connection's last request alive too). Freezing every 0.25 s instead
-cut the stops over 50 ms from dozens to 2 and the collector's CPU by two thirds, but the
-churn runs after it were worse than those before (docs/performance.md, stop 40), so the
-interval stays 2 s until that is understood.
+The young collections were long too: a web worker holds one keep-alive connection per
+agent, and each idle connection's wait (a gevent timeout, its timer, a ``TimeoutError``)
+and last request lived the seconds between an agent's reports, so a young collection
+walked 75,000-108,000 such objects: 50-220 ms stops, up to 110 ms of CPU each (a
+``gc.callbacks`` probe in b at 10,000 agents). The server now drops a served request
+before it waits, and that wait is an untimed read whose deadline a sweeper per worker
+keeps (router/http/server.py ``Waiting``), so an idle connection leaves almost nothing
+young. Freezing every 0.25 s instead of 2 s had cut those stops too, but the churn runs
+after it were worse than those before (docs/performance.md, stop 40), so the interval
+stays 2 s.
 """
 
 from __future__ import annotations
