@@ -32,10 +32,34 @@ def ca_problems(ca_file: str) -> list[str]:
 
 
 def gunicorn_options(cert: str, key: str) -> dict[str, Any]:
-    """gunicorn settings that make it serve HTTPS (TLS 1.2 or newer), or nothing."""
+    """gunicorn settings that make it serve HTTPS (TLS 1.2 or newer), or nothing. The
+    handshake waits for the connection's first read (:func:`lazy_handshake`)."""
     if not cert:
         return {}
-    return {"certfile": cert, "keyfile": key}
+    return {"certfile": cert, "keyfile": key, "ssl_context": lazy_handshake}
+
+
+class LazyHandshake:
+    """An SSL context whose sockets shake hands at their first read or write, not when
+    wrapped: gevent's server wraps each accepted socket before the handler runs, with no
+    deadline, so a client that connected and never sent a ClientHello held its connection
+    (and a greenlet) for ever. The first read is the wait for a request head, which the
+    server ends at the keep-alive deadline (router/http/server.py ``Waiting``)."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self.context = context
+
+    def wrap_socket(self, sock: Any, **options: Any) -> Any:
+        return self.context.wrap_socket(sock, **{**options, "do_handshake_on_connect": False})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.context, name)
+
+
+def lazy_handshake(config: Any, default_context: Any) -> LazyHandshake:
+    """gunicorn's ``ssl_context`` hook: its own context (certificate, key, TLS 1.2 or
+    newer), shaking hands lazily."""
+    return LazyHandshake(default_context())
 
 
 def client_context(ca_file: str | None) -> ssl.SSLContext | None:

@@ -3,7 +3,10 @@ agent, the router, `llmgw ctl` and OpenAI clients verify them."""
 
 from __future__ import annotations
 
+import socket
 import ssl
+import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +50,15 @@ def test_the_whole_path_over_https_with_the_cluster_ca(cluster_factory: Any, tin
     refused = CliRunner().invoke(ctl, ["--url", c.control_url, "--token", c.admin_token,
                                        "models"])
     assert refused.exit_code == 1 and "CERTIFICATE_VERIFY_FAILED" in refused.output
+
+    # A client that connects and never starts the handshake is dropped within the router's
+    # keep-alive time (5 s): the handshake waits for the head's read (tls.LazyHandshake).
+    address = urllib.parse.urlsplit(c.router_url)
+    with socket.create_connection((address.hostname, address.port), timeout=20) as silent:
+        started = time.monotonic()
+        try:
+            while silent.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass
+        assert time.monotonic() - started < 5 + 2, "a silent TLS client was kept"

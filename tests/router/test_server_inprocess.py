@@ -11,14 +11,17 @@ import queue
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from llmgw_runtime import tls
 from llmgw_runtime.router.http import server
 from llmgw_runtime.router.http.errors import StreamBroken
 from llmgw_runtime.router.http.server import RouterWorker
+from tests.support.certs import make_pki
 
 from .test_server import Reader
 
@@ -26,7 +29,8 @@ WSGIApp = Callable[[dict[str, Any], Any], Any]
 
 
 @contextlib.contextmanager
-def serving(app: WSGIApp, keepalive: float = 5) -> Iterator[tuple[str, int]]:
+def serving(app: WSGIApp, keepalive: float = 5,
+            pki: Path | None = None) -> Iterator[tuple[str, int]]:
     """RouterWorker.handle serving ``app`` on a gevent StreamServer whose hub runs in a
     thread of its own (gunicorn's worker object faked with what ``handle`` reads)."""
     ready: queue.Queue[int] = queue.Queue()
@@ -42,7 +46,16 @@ def serving(app: WSGIApp, keepalive: float = 5) -> Iterator[tuple[str, int]]:
         def handle(client: Any, addr: Any) -> None:
             RouterWorker.handle(worker, server.socket, client, addr)  # type: ignore[arg-type]
 
-        server: Any = StreamServer(("127.0.0.1", 0), handle)
+        ssl_args: dict[str, Any] = {}
+        if pki is not None:                   # as gunicorn's gevent worker, with our hook
+            import gevent.ssl
+
+            def default_context() -> Any:
+                context = gevent.ssl.SSLContext(gevent.ssl.PROTOCOL_TLS_SERVER)
+                context.load_cert_chain(pki / "router.crt", pki / "router.key")
+                return context
+            ssl_args["ssl_context"] = tls.lazy_handshake(None, default_context)
+        server: Any = StreamServer(("127.0.0.1", 0), handle, **ssl_args)
         server.start()
         ready.put(server.server_port)
         while not stop.is_set():
@@ -271,3 +284,30 @@ def test_idle_connections_hold_no_timer_each() -> None:
         finally:
             for sock in socks:
                 sock.close()
+
+
+def test_a_tls_client_that_never_shakes_hands_is_dropped_at_the_deadline(
+        tmp_path: Path) -> None:
+    """gevent's server shook hands before the handler ran, with no deadline: a client
+    that connected and sent nothing held its connection for ever. The handshake now
+    waits for the first read (tls.LazyHandshake), under the head's deadline."""
+    import ssl
+    import time
+
+    ca = make_pki(tmp_path / "pki")
+    with serving(_ok, keepalive=1.5, pki=tmp_path / "pki") as address:
+        client = ssl.create_default_context(cafile=str(ca))
+        with socket.create_connection(address, timeout=10) as raw, \
+                client.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            sock.sendall(_get())              # a TLS client is served, and kept alive
+            reader = Reader(sock)
+            assert reader.answer()[2] == b"ok"
+            sock.sendall(_get())
+            assert reader.answer()[2] == b"ok"
+        with socket.create_connection(address, timeout=10) as silent:
+            started = time.monotonic()
+            assert b"HTTP" not in _raw_until_closed(silent)    # at most a TLS alert
+            assert time.monotonic() - started < 1.5 + 2 * server.SWEEP_S + 1.0
+        with socket.create_connection(address, timeout=10) as plain:
+            plain.sendall(_get())             # not TLS: the handshake fails, it ends
+            assert b"HTTP/1.1 200" not in _raw_until_closed(plain)

@@ -137,6 +137,7 @@ class Connection:
         cfg = worker.cfg
         self.keepalive_s = float(cfg.keepalive or 0)
         self.waiting = waiting_of(worker)
+        self.expired = False                     # the sweeper ended the wait for a head
         self.parser = httptools.HttpRequestParser(self)
         self.ready: deque[Request] = deque()     # parsed heads not served yet (pipelining)
         self.failed: BadRequest | None = None   # the parser stopped on this
@@ -239,12 +240,23 @@ class Connection:
         waiting.add(self, deadline)
         try:
             return self.sock.recv(_BLOCK)     # type: ignore[no-any-return]
+        except OSError as exc:
+            import ssl  # here, not at import: gevent patches it in the worker first
+
+            # A TLS connection shakes hands at this first read (tls.LazyHandshake): one
+            # cut off by the sweeper, or whose client is not speaking TLS, just ends.
+            if self.expired or isinstance(exc, ssl.SSLError):
+                log.debug("connection from %s ended before a request: %s",
+                          self.base["REMOTE_ADDR"], exc)
+                return b""
+            raise
         finally:
             waiting.until.pop(self, None)
 
     def expire(self) -> None:
         """End the wait for a head (the sweeper's call): the read side is shut, so the
         read returns at once with what had arrived, then with nothing."""
+        self.expired = True
         try:
             getattr(self.sock, "_sock", self.sock).shutdown(socket.SHUT_RD)
         except OSError:
