@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,23 @@ def start_up(state: Path, control_port: int, router_port: int,
                120, "`llmgw up` to say it is up")
     assert proc.proc.poll() is None, proc.tail()
     return proc
+
+
+def interrupt(up: LlmgwProcess, state: Path, within: float = 60) -> None:
+    """Ctrl-C `llmgw up` and wait for it to stop; past ``within``, fail with what each of
+    its parts last logged (and kill them all, so the next test does not inherit them)."""
+    up.signal(signal.SIGINT)
+    try:
+        up.proc.wait(within)
+    except subprocess.TimeoutExpired:
+        tails = "".join(f"\n--- {log.name}:\n" + "\n".join(
+            log.read_text(errors="replace").splitlines()[-15:])
+            for log in sorted((state / "logs").glob("*.log")))
+        left = sorted(descendants(up.pid))
+        os.killpg(up.pid, signal.SIGKILL)
+        up.proc.wait()
+        pytest.fail(f"`llmgw up` did not stop within {within:.0f} s of Ctrl-C (its processes "
+                    f"then: {left}):\n{up.tail()}{tails}")
 
 
 def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -> None:
@@ -91,8 +109,7 @@ def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -
         admin.request("PUT", "/api/v1/catalog", yaml.safe_dump(demo).encode(),
                       "application/yaml")
     finally:
-        up.signal(signal.SIGINT)
-        up.proc.wait(60)
+        interrupt(up, state)
     assert up.proc.returncode == 0, up.tail()
     said = up.log.read_text()
     assert "llmgw: stopped" in said
@@ -131,8 +148,7 @@ def test_up_serves_the_demo_model_and_ctrl_c_leaves_no_process(tmp_path: Path) -
             15, "a reply to the alias applied before the restart, with a key")
         assert reply.choices[0].message.content is not None
     finally:
-        again.signal(signal.SIGINT)
-        again.proc.wait(60)
+        interrupt(again, state)
     assert again.proc.returncode == 0
 
 
@@ -195,8 +211,7 @@ def test_up_restarts_a_killed_agent_and_its_engine_keeps_serving(
         assert marker not in up.log.read_text()    # only this run's log is quoted
         family = descendants(up.pid) | {engine}
     finally:
-        up.signal(signal.SIGINT)
-        up.proc.wait(60)
+        interrupt(up, state)
     assert up.proc.returncode == 0, up.tail()
     left = [pid for pid in family if pid_alive(pid)]
     assert left == [], f"processes left after Ctrl-C: {left}"
