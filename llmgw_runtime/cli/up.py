@@ -335,6 +335,9 @@ def up(state_dir: Path | None, catalog_path: Path | None, control_port: int,
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGHUP, shutdown)    # a closed terminal stops it like Ctrl-C
+    # Ctrl-C even when started with SIGINT ignored (a background job of a script, or a
+    # parent that was running C's system() at that moment): Python then leaves it ignored.
+    signal.signal(signal.SIGINT, shutdown)
     try:
         click.echo(f"llmgw: state in {state}; logs in {logs}")
         control = supervise("control service", [

@@ -30,9 +30,13 @@ pytestmark = pytest.mark.slow
 def start_up(state: Path, control_port: int, router_port: int,
              name: str = "up", extra: list[str] | None = None,
              env: dict[str, str] | None = None) -> LlmgwProcess:
+    # Started with SIGINT and SIGQUIT ignored, as a script's background job is (and as a
+    # child of a process running C's system() at that moment inherits them): Ctrl-C must
+    # stop it all the same. A CI run once left both tests' `up` ignoring it.
     proc = LlmgwProcess(name, ["up", "--control-port", str(control_port),
                                "--router-port", str(router_port), *(extra or [])],
-                        {"LLMGW_STATE_DIR": str(state), **(env or {})}, state.parent)
+                        {"LLMGW_STATE_DIR": str(state), **(env or {})}, state.parent,
+                        ignoring=("INT", "QUIT"))
     wait_until(lambda: "llmgw is up" in proc.log.read_text() or proc.proc.poll() is not None,
                120, "`llmgw up` to say it is up")
     assert proc.proc.poll() is None, proc.tail()

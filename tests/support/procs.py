@@ -89,7 +89,8 @@ class LlmgwProcess:
     """``python -m llmgw_runtime.cli.main ARGS`` in its own session, output to a log."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path,
-                 new_session: bool = True) -> None:
+                 new_session: bool = True, ignoring: tuple[str, ...] = ()) -> None:
+        """``ignoring``: signals (``"INT"``, ...) the process starts with ignored."""
         self.name = name
         self.log = log_dir / f"{name}.log"
         self._fh = open(self.log, "ab")  # noqa: SIM115 - closed in stop()
@@ -97,8 +98,11 @@ class LlmgwProcess:
         full_env.update(env)
         full_env["PYTHONUNBUFFERED"] = "1"
         full_env["PYTHONPATH"] = str(ROOT)
+        argv = [sys.executable, "-m", "llmgw_runtime.cli.main", *args]
+        if ignoring:           # the shell's trap sets them ignored, kept across its exec
+            argv = ["sh", "-c", f"trap '' {' '.join(ignoring)}; exec \"$@\"", "sh", *argv]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llmgw_runtime.cli.main", *args], env=full_env,
+            argv, env=full_env,
             stdout=self._fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=new_session, cwd=str(log_dir))
 
