@@ -1,7 +1,8 @@
-"""Reading the fleet's change log (issue 30): what changed since a generation a reader saw.
+"""The fleet's change log (issue 30): written with each move of the "fleet" generation
+(:func:`bump`, :func:`bump_and_commit`), read as what changed since a generation a reader saw.
 
 Every transaction that moves the "fleet" generation writes, with it, one entry per thing it
-changed (store/db.py ``fleet_changed`` and ``bump``): a node (kind ``node``), a node's
+changed (store/db.py ``fleet_changed``, then ``bump``): a node (kind ``node``), a node's
 device readings only (``telemetry``), a model, a replica (written with the nodes it lives
 on), or ``all``. Generations move in commit order (the generation row's lock), so a reader
 that read generation G finds every entry up to G. Control processes use it to forget only
@@ -13,7 +14,9 @@ generation is older than what is left re-reads everything.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -93,3 +96,69 @@ def raise_floor(conn: Connection, value: int) -> None:
                         .values(value=value))
     if done.rowcount == 0 and _value(conn, FLOOR) is None:
         conn.execute(generations.insert().values(name=FLOOR, value=value))
+
+
+def _entries(changed: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The change log's rows of ``changed``: each (kind, key) once, in order, keys cut to
+    the column's 255 characters."""
+    return [(kind, key[:255]) for kind, key in sorted(set(changed))]
+
+
+def _clock(conn: Connection) -> Any:
+    """The store's clock (Unix seconds) as an SQL expression."""
+    if conn.dialect.name == "sqlite":
+        return sa.literal_column("(julianday('now') - 2440587.5) * 86400.0")
+    return sa.literal_column("extract(epoch from clock_timestamp())")
+
+
+def bump(conn: Connection, changed: Iterable[tuple[str, str]] | None = None) -> int:
+    """Move the "fleet" generation and write the change log entries of ``changed``
+    ((kind, key) pairs) under the new generation, which is returned. None (a store moved
+    or restored as a whole): no entry, the log's floor is raised to the new generation
+    instead, so every reader re-reads everything.
+
+    The last writes of the transaction (on PostgreSQL, :func:`bump_and_commit` sends them
+    with the COMMIT): the generation's row lock (the UPDATE) is held only while committing, so there is no lock-order cycle with any other row, and it
+    serialises committing writers, so the generations entries carry are in commit order: a
+    reader that sees generation G committed finds every entry up to G."""
+    row = generations.c
+    move = generations.update().where(row.name == "fleet").values(value=row.value + 1)
+    if conn.dialect.update_returning:
+        value = conn.execute(move.returning(row.value)).scalar()
+    else:                                   # SQLite before 3.35: the write lock is held
+        conn.execute(move)
+        value = conn.execute(sa.select(row.value).where(row.name == "fleet")).scalar()
+    if value is None:
+        conn.execute(generations.insert().values(name="fleet", value=1))
+        value = 1
+    if changed is None:
+        raise_floor(conn, int(value))
+        return int(value)
+    conn.execute(changes.insert().values(at=_clock(conn)),
+                 [{"seq": value, "kind": kind, "key": key} for kind, key in _entries(changed)])
+    return int(value)
+
+
+# On PostgreSQL the bump, the log and the COMMIT go in one message (the simple query
+# protocol runs it statement by statement, and stops at the first error): the server takes
+# the generation's row lock and releases it at the COMMIT without waiting for this client
+# in between. Sent as separate statements, each wait for an answer held the lock while a
+# busy gevent worker served its other requests, and every other writer queued behind it (a
+# convoy of 10-50 backends on this lock at 10,000 agents, docs/performance.md). The upsert
+# also makes the row if a store lacks it.
+_BUMP_AND_COMMIT = (
+    "WITH g AS (INSERT INTO generations (name, value) VALUES ('fleet', 1) "
+    "ON CONFLICT (name) DO UPDATE SET value = generations.value + 1 RETURNING value) "
+    "INSERT INTO changes (seq, kind, key, at) "
+    "SELECT g.value, v.kind, v.key, {clock} "
+    "FROM g, (VALUES {rows}) AS v (kind, key); COMMIT")
+
+
+def bump_and_commit(conn: Connection, changed: Iterable[tuple[str, str]]) -> None:
+    """:func:`bump` with entries, then COMMIT, in one message to PostgreSQL (above). The
+    driver still thinks the transaction open: its own COMMIT after this one finds none
+    (a warning, no error)."""
+    rows = _entries(changed)
+    sql = _BUMP_AND_COMMIT.format(rows=", ".join(["(%s, %s)"] * len(rows)),
+                                  clock=str(_clock(conn)))
+    conn.exec_driver_sql(sql, tuple(part for row in rows for part in row))

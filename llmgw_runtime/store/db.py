@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import ConfigError
-from .changes import raise_floor
+from .changes import bump, bump_and_commit
 from .failover import (
     WATCHDOG,
     NotAcknowledged,
@@ -39,7 +39,7 @@ from .failover import (
     unreplicated_notice,
     wait_s,
 )
-from .schema import changes, generations
+from .schema import generations
 
 log = logging.getLogger(__name__)
 
@@ -235,69 +235,6 @@ def fleet_changed(conn: Connection, *, nodes: Iterable[str] = (), models: Iterab
     # a key named again in one transaction is no unnamed change: only a call naming
     # nothing at all means anything may have changed
     keys.update(named or [ALL])
-
-
-def _clock(conn: Connection) -> Any:
-    """The store's clock (Unix seconds) as an SQL expression."""
-    if conn.dialect.name == "sqlite":
-        return sa.literal_column("(julianday('now') - 2440587.5) * 86400.0")
-    return sa.literal_column("extract(epoch from clock_timestamp())")
-
-
-def bump(conn: Connection, changed: Iterable[tuple[str, str]] | None = None) -> int:
-    """Move the "fleet" generation and write the change log entries of ``changed``
-    ((kind, key) pairs) under the new generation, which is returned. None (a store moved
-    or restored as a whole): no entry, the log's floor is raised to the new generation
-    instead, so every reader re-reads everything.
-
-    The last writes of the transaction: the generation's row lock (the UPDATE) is held
-    only while committing, so there is no lock-order cycle with any other row, and it
-    serialises committing writers, so the generations entries carry are in commit order: a
-    reader that sees generation G committed finds every entry up to G."""
-    row = generations.c
-    move = generations.update().where(row.name == "fleet").values(value=row.value + 1)
-    if conn.dialect.update_returning:
-        value = conn.execute(move.returning(row.value)).scalar()
-    else:                                   # SQLite before 3.35: the write lock is held
-        conn.execute(move)
-        value = conn.execute(sa.select(row.value).where(row.name == "fleet")).scalar()
-    if value is None:
-        conn.execute(generations.insert().values(name="fleet", value=1))
-        value = 1
-    if changed is None:
-        raise_floor(conn, int(value))
-        return int(value)
-    conn.execute(changes.insert().values(at=_clock(conn)),
-                 [{"seq": value, "kind": kind, "key": key[:255]}
-                  for kind, key in sorted(set(changed))])
-    return int(value)
-
-
-# On PostgreSQL the bump, the log and the COMMIT go in one message (the simple query
-# protocol runs it statement by statement, and stops at the first error): the server takes
-# the generation's row lock and releases it at the COMMIT without waiting for this client
-# in between. Sent as separate statements, each wait for an answer held the lock while a
-# busy gevent worker served its other requests, and every other writer queued behind it (a
-# convoy of 10-50 backends on this lock at 10,000 agents, docs/performance.md). The upsert
-# also makes the row if a store lacks it.
-_BUMP_AND_COMMIT = (
-    "WITH g AS (INSERT INTO generations (name, value) VALUES ('fleet', 1) "
-    "ON CONFLICT (name) DO UPDATE SET value = generations.value + 1 RETURNING value) "
-    "INSERT INTO changes (seq, kind, key, at) "
-    "SELECT g.value, v.kind, v.key, extract(epoch from clock_timestamp()) "
-    "FROM g, (VALUES {rows}) AS v (kind, key); COMMIT")
-
-
-def bump_and_commit(conn: Connection, changed: Iterable[tuple[str, str]]) -> None:
-    """:func:`bump` with entries, then COMMIT, in one message to PostgreSQL (above). The
-    driver still thinks the transaction open: its own COMMIT after this one finds none
-    (a warning, no error)."""
-    rows = sorted(set(changed))
-    params: list[str] = []
-    for kind, key in rows:
-        params += [kind, key[:255]]
-    sql = _BUMP_AND_COMMIT.format(rows=", ".join(["(%s, %s)"] * len(rows)))
-    conn.exec_driver_sql(sql, tuple(params))
 
 
 def generation() -> Any:

@@ -27,7 +27,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import LlmgwError, StoreError
-from ..store.db import Store, bump, redact_url
+from ..store.changes import bump
+from ..store.db import Store, redact_url
 from ..store.schema import metadata
 
 log = logging.getLogger(__name__)
