@@ -42,7 +42,6 @@ import math  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from array import array  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -51,6 +50,7 @@ import gevent  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import loadgen  # noqa: E402
+from sim_record import Record, window  # noqa: E402
 
 from llmgw_runtime.api.agent import FULL_REPORT_EVERY_S  # noqa: E402
 
@@ -58,7 +58,6 @@ CLASS = "a100-80g"
 GPUS = 8
 REPORT = "/api/v1/agent/report"
 HEARTBEAT = "/api/v1/agent/heartbeat"
-KINDS = ("full", "heartbeat", "heartbeat+full")   # what one sample sent
 
 
 def request(host: str, port: int, method: str, path: str, body: bytes, token: str,
@@ -92,40 +91,6 @@ def fake_cards(index: int) -> list[dict[str, Any]]:
 
 def node_name(index: int) -> str:
     return f"node-{index:05d}"
-
-
-class Record:
-    """Every answered or failed send: compact arrays, appended when the send ends."""
-
-    def __init__(self) -> None:
-        self.sched = array("d")           # scheduled send time (perf_counter)
-        self.latency = array("d")         # seconds to the whole answer; NaN: failed
-        self.lag = array("d")             # seconds the send began after its schedule
-        self.kind = array("b")            # index into KINDS
-        self.host = array("b")
-        self.errors: dict[int, str] = {}  # sample index -> what failed
-        self.reconnects = 0
-        self.marks: list[tuple[float, int]] = []   # (time, samples so far), every second
-
-    def add(self, sched: float, latency: float | None, kind: int, host: int,
-            error: str | None = None, lag: float = 0.0) -> None:
-        if error is not None:
-            self.errors[len(self.sched)] = error
-        self.sched.append(sched)
-        self.latency.append(math.nan if latency is None else latency)
-        self.lag.append(lag)
-        self.kind.append(kind)
-        self.host.append(host)
-
-    def first_index(self, start: float) -> int:
-        """A sample scheduled at or after ``start`` ends after it: none comes before the
-        count marked at or before ``start``."""
-        found = 0
-        for at, count in self.marks:
-            if at > start:
-                break
-            found = count
-        return found
 
 
 class SimAgent:
@@ -479,51 +444,6 @@ class Fleet:
         self.greenlets.clear()
 
 
-def window(fleet: Fleet, start: float, end: float) -> dict[str, Any]:
-    """What the sends scheduled in [start, end) got; ``done_rate``: the answers that came
-    in it, whenever they were sent (what a saturated server still answered)."""
-    rec = fleet.record
-    lat: list[float] = []
-    lags: list[float] = []                         # of the answered: the send's lateness
-    sent: list[float] = []                         # ... and the latency from the send
-    errors: dict[str, int] = {}
-    kinds = [0] * len(KINDS)
-    hosts = [0] * len(fleet.hosts)
-    done = 0                                       # answers that came in the window
-    for i in range(rec.first_index(start), len(rec.sched)):
-        latency = rec.latency[i]
-        if latency == latency and start <= rec.sched[i] + latency < end:
-            done += 1
-        if not start <= rec.sched[i] < end:
-            continue
-        kinds[rec.kind[i]] += 1
-        if latency == latency:                     # not NaN: answered
-            lat.append(latency)
-            lags.append(rec.lag[i])
-            sent.append(latency - rec.lag[i])
-            hosts[rec.host[i]] += 1
-        else:
-            what = rec.errors.get(i, "?")
-            errors[what] = errors.get(what, 0) + 1
-    lat.sort()
-    lags.sort()
-    sent.sort()
-    late = sum(1 for a in fleet.agents if a.inflight is not None and start <= a.inflight < end)
-    span = end - start
-
-    def pct(p: float, values: list[float] = lat) -> float:
-        return values[min(len(values) - 1, int(p / 100 * len(values)))] * 1000 \
-            if values else math.nan
-
-    return {"ok": True, "answered": len(lat), "rate": len(lat) / span, "done_rate": done / span,
-            "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
-            "lag_p99_ms": pct(99, lags), "sent_p99_ms": pct(99, sent),
-            "max_ms": lat[-1] * 1000 if lat else math.nan, "errors": errors, "late": late,
-            "kinds": dict(zip(KINDS, kinds, strict=True)),
-            "host_rates": [n / span for n in hosts], "reconnects": rec.reconnects,
-            "churned": dict(fleet.churned)}
-
-
 def serve(lines: Any, out: Any) -> None:
     """Answer the benchmark's commands until the end of stdin."""
     fleet: Fleet | None = None
@@ -556,7 +476,9 @@ def serve(lines: Any, out: Any) -> None:
                 fleet.churn(cmd["per_min"])
                 say({"ok": True})
             elif what == "window":
-                say(window(fleet, cmd["start"], cmd["end"]))
+                late = [a.inflight for a in fleet.agents if a.inflight is not None]
+                say(window(fleet.record, len(fleet.hosts), late, fleet.churned,
+                           cmd["start"], cmd["end"]))
             else:
                 say({"ok": False, "error": f"unknown command {what!r}"})
         except Exception as exc:              # the benchmark prints it and stops

@@ -140,7 +140,7 @@ class Bench:
         time.sleep(spread + max(self.args.settle, 2 * period))
         self.settle(SETTLE_MAX_S)
 
-        applies: list[tuple[float, int]] = []
+        applies: list[tuple[float, int, float]] = []
         stop_applying = threading.Event()
         if churn:
             self.sim.call("churn", per_min=CHURN_PER_MIN)
@@ -165,7 +165,8 @@ class Bench:
                                                              strict=True)])
         row = {"scenario": scenario, "agents": agents, "period_s": period,
                "target_rate": agents / period, "window_s": window_s, "churn": churn,
-               "applies_s": applies, "cpu": cpu, "passes": passes,
+               "applies_s": [(s, code, at - start) for s, code, at in applies],
+               "cpu": cpu, "passes": passes,
                "db_per_s": {k: (db1[k] - db0[k]) / (end - start) for k in db0}, **w}
         web = sum(cpu[c.name] for c in self.controls)
         rec = sum(cpu[c.name + "/reconciler"] for c in self.controls)
@@ -175,6 +176,8 @@ class Bench:
         row["held"] = w["rate"] >= 0.95 * row["target_rate"] and not w["late"]
         self.rows.append(row)
         print(line(row, self.controls), flush=True)
+        print(f"{'':>5} each second's p99 ms (answered): "
+              + " ".join(f"{p99:.0f}" for _, p99, _ in w["timeline"]), flush=True)
         return row
 
     def settle(self, most_s: float) -> None:
@@ -189,9 +192,11 @@ class Bench:
         print(f"still over {SETTLED_COMMITS} commits/s after settling {most_s:.0f} s more",
               flush=True)
 
-    def _applies(self, took: list[tuple[float, int]], stop: threading.Event) -> None:
+    def _applies(self, took: list[tuple[float, int, float]], stop: threading.Event) -> None:
+        """Apply every APPLY_EVERY_S: (seconds, HTTP status, start on perf_counter)."""
         while not stop.is_set():
-            took.append(self.apply(not self.catalog_more))
+            at = time.perf_counter()
+            took.append((*self.apply(not self.catalog_more), at))
             stop.wait(APPLY_EVERY_S)
 
     def run(self) -> None:
@@ -237,8 +242,9 @@ def line(r: dict[str, Any], controls: list[Control]) -> str:
         errs += f"{', ' if errs else ''}{r['late']} unanswered"
     hosts = "/".join(f"{x:.0f}" for x in r["host_rates"]) if len(controls) > 1 else ""
     k, p, db = r["kinds"], r["passes"], r["db_per_s"]
-    applies = "  applies " + ", ".join(f"{s:.1f} s" + ("" if code == 200 else f" HTTP {code}")
-                                       for s, code in r["applies_s"]) if r["applies_s"] else ""
+    applies = "  applies " + ", ".join(
+        f"{s:.1f} s at +{at:.0f} s" + ("" if code == 200 else f" HTTP {code}")
+        for s, code, at in r["applies_s"]) if r["applies_s"] else ""
     passes = (f"{p['p99_ms']:.0f}/{p['max_ms']:.0f} (cpu p50/p99 {p['cpu_p50_ms']:.0f}/"
               f"{p['cpu_p99_ms']:.0f})" if p else "n/a")
     return (f"{r['scenario']:>5} {r['agents']:>6} {r['period_s']:>5.1f} {r['target_rate']:>7.0f} "
