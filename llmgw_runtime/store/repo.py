@@ -5,7 +5,7 @@ store/leases.py's (named here too, as every caller knows them)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -24,6 +24,9 @@ from .noderows import record_heartbeats as record_heartbeats
 from .noderows import record_report as record_report
 from .noderows import replicas_using_node as replicas_using_node
 from .schema import events, models, nodes, replica_parts, replicas
+
+CHUNK = 400     # keys per IN (...) list (homes: two of them)
+
 
 # ---------------------------------------------------------------- models
 
@@ -304,15 +307,40 @@ def add_replica(conn: Connection, replica_id: str, model: str, node: str,
                 launch: str | None = None) -> None:
     """A new pending replica; ``parts`` are its worker parts as (rank, node, devices);
     ``definition_hash`` and ``launch`` (JSON) the model definition it runs."""
-    fleet_changed(conn, replicas=(replica_id,), nodes={node, *(p[1] for p in parts)})
-    conn.execute(replicas.insert().values(
-        id=replica_id, model=model, node=node, devices=json.dumps(list(devices)),
-        state="pending", desired=1, started=now, updated=now, rendezvous_port=rendezvous_port,
-        definition_hash=definition_hash, launch=launch))
-    for rank, part_node, part_devices in parts:
-        conn.execute(replica_parts.insert().values(
-            replica_id=replica_id, rank=rank, node=part_node,
-            devices=json.dumps(list(part_devices)), state="pending", updated=now))
+    add_replicas(conn, [NewReplica(replica_id, model, node, devices, parts, rendezvous_port,
+                                   definition_hash, launch)], now)
+
+
+class NewReplica(NamedTuple):
+    """A replica :func:`add_replicas` writes (``add_replica``'s arguments)."""
+
+    replica_id: str
+    model: str
+    node: str
+    devices: tuple[int, ...]
+    parts: tuple[tuple[int, str, tuple[int, ...]], ...] = ()
+    rendezvous_port: int | None = None
+    definition_hash: str | None = None
+    launch: str | None = None
+
+
+def add_replicas(conn: Connection, new: list[NewReplica], now: float) -> None:
+    """New pending replicas, with their worker parts, in one statement for the replicas and
+    one for the parts (a pass's starts: each statement a round trip on a loaded host)."""
+    if not new:
+        return
+    fleet_changed(conn, replicas=[r.replica_id for r in new],
+                  nodes={n for r in new for n in (r.node, *(p[1] for p in r.parts))})
+    conn.execute(replicas.insert(), [
+        {"id": r.replica_id, "model": r.model, "node": r.node,
+         "devices": json.dumps(list(r.devices)), "state": "pending", "desired": 1,
+         "started": now, "updated": now, "rendezvous_port": r.rendezvous_port,
+         "definition_hash": r.definition_hash, "launch": r.launch} for r in new])
+    parts = [{"replica_id": r.replica_id, "rank": rank, "node": part_node,
+              "devices": json.dumps(list(part_devices)), "state": "pending", "updated": now}
+             for r in new for rank, part_node, part_devices in r.parts]
+    if parts:
+        conn.execute(replica_parts.insert(), parts)
 
 
 def parts_by_replica(conn: Connection) -> dict[str, list[Any]]:
@@ -363,23 +391,52 @@ def update_replica(conn: Connection, replica_id: str, **values: Any) -> None:
     """Change a replica's row. Anything but its last use and its requests in flight
     changes what the report path caches (agent_api.py), so the transaction moves the
     assignments generation."""
+    update_replicas(conn, [replica_id], **values)
+
+
+def update_replicas(conn: Connection, replica_ids: list[str], **values: Any) -> None:
+    """:func:`update_replica` of each of ``replica_ids`` with the same values, a statement
+    per :data:`CHUNK` of them."""
+    if not replica_ids:
+        return
     if set(values) - {"last_used", "in_flight"}:
-        fleet_changed(conn, replicas=(replica_id,), nodes=homes(conn, [replica_id]))
-    conn.execute(replicas.update().where(replicas.c.id == replica_id).values(**values))
+        fleet_changed(conn, replicas=replica_ids, nodes=homes(conn, replica_ids))
+    for chunk in _chunks(replica_ids):
+        conn.execute(replicas.update().where(replicas.c.id.in_(chunk)).values(**values))
 
 
 def delete_replica(conn: Connection, replica_id: str) -> None:
-    fleet_changed(conn, replicas=(replica_id,), nodes=homes(conn, [replica_id]))
-    conn.execute(replica_parts.delete().where(replica_parts.c.replica_id == replica_id))
-    conn.execute(replicas.delete().where(replicas.c.id == replica_id))
+    delete_replicas(conn, [replica_id])
+
+
+def delete_replicas(conn: Connection, replica_ids: list[str]) -> None:
+    """The replicas and their worker parts, two statements per :data:`CHUNK` of them."""
+    if not replica_ids:
+        return
+    fleet_changed(conn, replicas=replica_ids, nodes=homes(conn, replica_ids))
+    for chunk in _chunks(replica_ids):
+        conn.execute(replica_parts.delete().where(replica_parts.c.replica_id.in_(chunk)))
+        conn.execute(replicas.delete().where(replicas.c.id.in_(chunk)))
+
+
+def _chunks(keys: list[str]) -> list[list[str]]:
+    """``keys`` in lists of at most CHUNK (an IN list's bound parameters: SQLite's older
+    builds allow 999)."""
+    return [keys[i:i + CHUNK] for i in range(0, len(keys), CHUNK)]
 
 
 # ---------------------------------------------------------------- events
 
 
 def add_event(conn: Connection, now: float, kind: str, subject: str, message: str) -> None:
-    conn.execute(events.insert().values(time=now, kind=kind, subject=subject,
-                                        message=message))
+    add_events(conn, now, [(kind, subject, message)])
+
+
+def add_events(conn: Connection, now: float, new: list[tuple[str, str, str]]) -> None:
+    """Events (kind, subject, message) at ``now``, in one statement, ids in list order."""
+    if new:
+        conn.execute(events.insert(), [{"time": now, "kind": kind, "subject": subject,
+                                        "message": message} for kind, subject, message in new])
 
 
 def list_events(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
