@@ -19,6 +19,7 @@ from ..placement import (
     place,
 )
 from ..placement.capacity import silence
+from ..placement.nodebase import NodeBase
 from ..store.models import spec_of
 from .drain import cordoned, draining_node, is_draining, replica_nodes
 from .states import in_backoff, wanted_replicas
@@ -272,32 +273,49 @@ class PlanMemo:
         self._inputs: tuple[Any, ...] | None = None
         self._made: int | None = None
         self._live: tuple[tuple[str, ...], Any] | None = None
+        # what the planner read of the last snapshot's nodes alone (placement/nodebase.py)
+        self._nodes: NodeBase | None = None
         self.placed = 0                 # plans made (not copied), for tests and benches
+        self.bases = 0                  # node bases made, for tests and benches
 
     def place(self, snap: Snapshot, made: int | None = None) -> Plan:
-        if self.last is None or not self._same(self.last[0], snap, made):
+        last = self.last
+        same_nodes = last is not None and self._same_nodes(last[0], snap, made)
+        if last is None or not self._same(last[0], snap, made, same_nodes):
+            if not same_nodes or self._nodes is None:
+                # another fleet of nodes: read afresh (lazily: only if something is placed)
+                self._nodes = NodeBase(snap)
+                self.bases += 1
+                self._live = None
             self.placed += 1
-            self.last = (snap, place(snap))
-            self._inputs = self._live = None
+            last = self.last = (snap, place(snap, self._nodes))
+            self._inputs = None
         self._made = made
-        plan = self.last[1]
+        plan = last[1]
         # a copy: the pass changes what it was handed (control/steps.py, a rollout's room)
         return Plan(starts=list(plan.starts), stops=list(plan.stops),
                     stop_reasons=dict(plan.stop_reasons), unplaceable=dict(plan.unplaceable))
 
-    def _same(self, last: Snapshot, snap: Snapshot, made: int | None) -> bool:
+    def _same_nodes(self, last: Snapshot, snap: Snapshot, made: int | None) -> bool:
+        """Whether ``snap``'s nodes place as ``last``'s did, known without comparing them:
+        ``made`` did not move (each node's view is the one placed last, report time
+        aside), and the same names give the same answers of their report times."""
+        if made is None or made != self._made or last.node_timeout_s != snap.node_timeout_s \
+                or last.replace_after_s != snap.replace_after_s:
+            return False
+        if self._live is None:
+            self._live = (tuple(n.name for n in last.nodes), liveness(last))
+        names, live = self._live
+        return len(names) == len(snap.nodes) \
+            and names == tuple(n.name for n in snap.nodes) and live == liveness(snap)
+
+    def _same(self, last: Snapshot, snap: Snapshot, made: int | None, same_nodes: bool) -> bool:
         if not (last.node_timeout_s == snap.node_timeout_s
                 and last.replace_after_s == snap.replace_after_s
                 and last.models == snap.models and last.replicas == snap.replicas):
             return False
-        if made is not None and made != self._made:
-            return False                # a node's inputs moved since: place (no compare)
         if made is not None:
-            if self._live is None:
-                self._live = (tuple(n.name for n in last.nodes), liveness(last))
-            names, live = self._live
-            return len(names) == len(snap.nodes) \
-                and names == tuple(n.name for n in snap.nodes) and live == liveness(snap)
+            return same_nodes           # made moved: a node's inputs did (no compare)
         if self._inputs is None:
             self._inputs = node_inputs(last)
         inputs = node_inputs(snap)

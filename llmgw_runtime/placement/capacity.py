@@ -22,12 +22,11 @@ from ..fleetvocab import (
     ACTIVE,
     CPU_CLASS,
     MAX_REPLICAS_PER_SHARED_DEVICE,
-    heard_from,
     shares_device,
 )
 from .model import DeviceView, NodeView, ReplicaView, Snapshot
+from .nodebase import Group, NodeBase
 
-Group = str | None          # a fabric name; None groups the nodes that have no fabric
 Bucket = tuple[bool, int]   # (whole, free devices of the class)
 
 
@@ -191,29 +190,19 @@ class _Index:
 class Capacity:
     """The fleet's reporting nodes and what the plan has taken on them so far."""
 
-    def __init__(self, snap: Snapshot, specs: dict[str, ModelSpec]) -> None:
-        self.views = {n.name: n for n in snap.nodes}
-        self.names = sorted(self.views)                         # rank -> name
-        self.rank = {name: i for i, name in enumerate(self.names)}
-        ranked = [self.views[name] for name in self.names]
-        now, timeout = snap.now, snap.node_timeout_s
-        reporting_ = [r for r, view in enumerate(ranked)
-                      if heard_from(view.last_report, now, timeout)]
-        # A cordoned (or draining) node reports, but takes no new replica.
-        self.cordoned = [self.names[r] for r in reporting_ if ranked[r].cordoned]
-        self.alive = [r for r in reporting_ if not ranked[r].cordoned]
-        self.classes: dict[str, list[int]] = {}   # class -> reporting nodes that have one
-        for rank in self.alive:
-            for klass in ranked[rank].classes:
-                self.classes.setdefault(klass, []).append(rank)
-        # rank -> class -> healthy devices, counted when an index first needs the node:
-        # enough to index a node nothing runs on yet without building its NodeState.
-        self._healthy: dict[int, dict[str, int]] = {}
+    def __init__(self, snap: Snapshot, specs: dict[str, ModelSpec],
+                 nodes: NodeBase | None = None) -> None:
+        """``nodes``: what is read of ``snap``'s nodes alone, when a caller kept it from a
+        snapshot whose nodes place as these do (control/snapshot.py ``PlanMemo``)."""
+        base = (nodes or NodeBase(snap)).built()
+        self.base = base
+        self.views, self.names, self.rank = base.views, base.names, base.rank
+        self.cordoned, self.alive, self.classes = base.cordoned, base.alive, base.classes
         # A node's devices are read when a query first needs that node; what the existing
         # replicas use is applied then, in replica id order.
         self._states: dict[int, NodeState] = {}
         self._uses: dict[int, list[tuple[tuple[int, ...], ModelSpec | None, bool, bool]]] = {}
-        reporting = set(self.alive)
+        reporting = base.alive_set
         for rep in sorted(snap.replicas, key=lambda r: r.id):
             if not rep.desired or rep.state not in ACTIVE:
                 continue
@@ -226,7 +215,6 @@ class Capacity:
                     self._uses.setdefault(rank, []).append(
                         (devices, spec, rep.state == "ready", multi))
         self._indexes: dict[tuple[str, str], _Index] = {}
-        self._holders: dict[str, tuple[frozenset[int], frozenset[Group]]] | None = None
 
     def node(self, rank: int) -> NodeState:
         """A reporting node's state, read on first use."""
@@ -279,21 +267,13 @@ class Capacity:
         bucket = None if node.blocked or free == 0 else (node.whole, free)
         ix.put(node.rank, node.fabric, bucket)
 
-    def _healthy_count(self, rank: int, klass: str) -> int:
-        counts = self._healthy.get(rank)
-        if counts is None:
-            counts = self._healthy[rank] = {}
-            for dev in self.views[self.names[rank]].devices:
-                counts[dev.klass] = counts.get(dev.klass, 0) + (1 if dev.healthy else 0)
-        return counts.get(klass, 0)
-
     def index(self, klass: str, engine: str) -> _Index:
         ix = self._indexes.get((klass, engine))
         if ix is None:
             ix = self._indexes[(klass, engine)] = _Index()
             for rank in self.classes.get(klass, ()):
                 view = self.views[self.names[rank]]
-                healthy = self._healthy_count(rank, klass)
+                healthy = self.base.healthy_count(rank, klass)
                 if engine not in view.engines or not healthy:
                     continue
                 ix.members.add(rank)
@@ -307,23 +287,8 @@ class Capacity:
     # -- weights ---------------------------------------------------------------------------
 
     def holders(self, source: str) -> tuple[frozenset[int], frozenset[Group]]:
-        """Ranks of nodes holding ``source`` on their own, and fabrics sharing it (a filer
-        seen by any node of the fabric, even a silent one: the filer is still there)."""
-        if self._holders is None:
-            local: dict[str, set[int]] = {}
-            fabrics: dict[str, set[Group]] = {}
-            for name, view in self.views.items():
-                rank = self.rank[name]
-                for src in view.weights or ():
-                    local.setdefault(src, set()).add(rank)
-                for src in view.shared_weights:
-                    if view.fabric is None:     # a node without a fabric shares with itself
-                        local.setdefault(src, set()).add(rank)
-                    else:
-                        fabrics.setdefault(src, set()).add(view.fabric)
-            self._holders = {src: (frozenset(local.get(src, ())), frozenset(fabrics.get(src, ())))
-                             for src in {*local, *fabrics}}
-        return self._holders.get(source, (frozenset(), frozenset()))
+        """Ranks of nodes holding ``source`` on their own, and fabrics sharing it."""
+        return self.base.holding(source)
 
     def holds(self, node: NodeState, source: str) -> bool:
         return self.rank_holds(node.rank, source)

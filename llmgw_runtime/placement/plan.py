@@ -27,10 +27,13 @@ from .model import (
     Snapshot,
     Start,
 )
+from .nodebase import NodeBase
 
 
-def place(snap: Snapshot) -> Plan:
-    """Decide which replicas to start and stop, and why a model cannot be placed."""
+def place(snap: Snapshot, nodes: NodeBase | None = None) -> Plan:
+    """Decide which replicas to start and stop, and why a model cannot be placed.
+    ``nodes``: what capacity.py reads of the nodes alone, kept from an earlier snapshot
+    whose nodes place as ``snap``'s do (nodebase.py); else read from ``snap``."""
     plan = Plan()
     models = {m.spec.name: m for m in snap.models}
     views = {n.name: n for n in snap.nodes}
@@ -51,7 +54,7 @@ def place(snap: Snapshot) -> Plan:
             plan.unplaceable[spec.name] = refused
             continue
         if cap is None:
-            cap = Capacity(snap, {m.spec.name: m.spec for m in snap.models})
+            cap = Capacity(snap, {m.spec.name: m.spec for m in snap.models}, nodes)
         _place_model(cap, spec, reps, wanted, views, plan, failed)
     return plan
 

@@ -145,3 +145,41 @@ def test_the_reconcilers_node_memo_tells_the_plan_memo_when_a_node_moved() -> No
     rows.append(SimpleNamespace(**{**vars(rows[2]), "name": "gpu-3"}))
     got, expected = pass_(4.0)
     assert got == expected and plans.placed == 4 and len(got.starts) == 2
+
+
+def test_a_pass_whose_replicas_changed_places_again_over_the_nodes_it_read_last() -> None:
+    """A churning fleet: replicas change each pass (one fails, one is placed), the nodes
+    only report. Each plan is placed again and is placement's own, over the node base the
+    memo read once (placement/nodebase.py); a node gone silent, one joining and a device
+    gone unhealthy each make it read the nodes again."""
+    nodes, plans = snapshot.NodeMemo(), snapshot.PlanMemo()
+    rows = [SimpleNamespace(name=f"gpu-{i}", devices=device_text(), engines='["llama.cpp"]',
+                            weights="{}", fabric="ib-a", cordoned=0, drain=None,
+                            last_report=NOW) for i in range(4)]
+    running: list = []
+
+    def pass_(at: float, wanted: int) -> tuple[object, object]:
+        s = replace(snap([want(wanted, name="m")], [nodes.view(r) for r in rows],
+                         list(running)), now=NOW + at)
+        return plans.place(s, nodes.made), place(s)
+
+    got, expected = pass_(0.0, 2)
+    assert got == expected and len(got.starts) == 2 and (plans.placed, plans.bases) == (1, 1)
+    for turn, at in enumerate((2.0, 4.0, 6.0)):
+        for row in rows:
+            row.last_report = NOW + at                  # heartbeats, patched in place
+        running[:] = [rep(f"r{turn}", "m", s.node, s.devices) for s in got.starts[:1]]
+        got, expected = pass_(at, 2)                    # the other replica failed: place it
+        assert got == expected and len(got.starts) == 1
+        assert got.starts[0].node != running[0].node
+    assert (plans.placed, plans.bases) == (4, 1)
+    rows[3].last_report = NOW - 60.0                    # silent past the node timeout
+    got, expected = pass_(6.0, 4)
+    assert got == expected and plans.bases == 2
+    assert "gpu-3" not in {s.node for s in got.starts} and len(got.starts) == 2
+    rows.append(SimpleNamespace(**{**vars(rows[0]), "name": "gpu-4", "last_report": NOW + 6}))
+    got, expected = pass_(6.0, 4)
+    assert got == expected and plans.bases == 3 and "gpu-4" in {s.node for s in got.starts}
+    rows[4] = SimpleNamespace(**{**vars(rows[4]), "devices": device_text(healthy=False)})
+    got, expected = pass_(6.0, 4)
+    assert got == expected and plans.bases == 4 and "gpu-4" not in {s.node for s in got.starts}
