@@ -88,8 +88,9 @@ typecheck: $(STAMP)
 # machine without a compiler (the routers the tests start inherit the setting).
 # Two pytest-xdist workers, a test file each at a time (PYTEST_WORKERS=1: one process):
 # most tests wait on the servers they start, and two halve the suite's 25 minutes here.
+# The 15 slowest tests are listed at the end (where CI time goes).
 PYTEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+PYTEST := $(BIN)/python -m pytest -q --durations=15 $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 pytest: $(STAMP) ansible-deps system-deps runtime-deps llama-cpp
 	$(PYTEST)
 	LLMGW_ROUTER_RELAY=interpreted $(PYTEST) tests/router
