@@ -90,8 +90,9 @@ def _apply(dry_run: bool) -> Any:
     def write(conn: Any) -> CatalogResult:
         # Idempotent: applying the same specs again changes nothing and logs no event,
         # so it is retried through a store failover.
-        before = [m.name for m in repo.list_models(conn)]
-        result = fleet.apply_catalog(conn, specs, now_of(conn), prune)
+        stored = repo.all_models(conn)      # once: each read waits behind the heartbeats
+        before = [m.name for m in repo.listed(stored)]
+        result = fleet.apply_catalog(conn, specs, now_of(conn), prune, stored)
         if expected is not None and deleted_digest(result["deleted"]) != expected:
             # Raised inside the transaction: nothing of this apply is written.
             raise ConflictError(

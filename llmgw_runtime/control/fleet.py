@@ -198,32 +198,37 @@ def plan_view(conn: Connection, now: float, settings: Settings) -> admin.Plan:
         fabrics=fabrics, models=model_weights)
 
 
-def staying_names(conn: Connection, prune: bool) -> dict[str, tuple[str, ...]]:
+def staying_names(conn: Connection, prune: bool,
+                  stored: list[Any] | None = None) -> dict[str, tuple[str, ...]]:
     """The models in the store that a catalog's apply keeps beside the models it names
     (none with ``prune``), with their aliases: fallbacks may name them, aliases must not
-    take their names (catalog/parse.validate's ``others``)."""
+    take their names (catalog/parse.validate's ``others``). ``stored``: ``repo.all_models``
+    as the transaction read it, else read here."""
     if prune:
         return {}
-    return {m.name: spec_of(m).aliases for m in repo.list_models(conn)}
+    rows = repo.list_models(conn) if stored is None else repo.listed(stored)
+    return {m.name: spec_of(m).aliases for m in rows}
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
-                  prune: bool) -> dict[str, Any]:
+                  prune: bool, stored: list[Any] | None = None) -> dict[str, Any]:
     """Store the catalog; a new definition of a model forgets its failures and unparks it,
     and rolls the replicas that run another one (``rolls``; the old entry is kept for
     ``ctl rollout undo``). The rules live here, the store only stores. Idempotent: the same
-    specs again change nothing and log no event."""
+    specs again change nothing and log no event. ``stored``: every model row as this
+    transaction read it (``repo.all_models``), read once for all three of its questions."""
+    stored = repo.all_models(conn) if stored is None else stored
     named = {s.name for s in specs}
     # the models that stay (no --prune) must not share a name with the new ones, and
     # fallbacks may name them
-    staying = {n: a for n, a in staying_names(conn, prune).items() if n not in named}
+    staying = {n: a for n, a in staying_names(conn, prune, stored).items() if n not in named}
     clashes = name_clashes(specs, staying) + fallback_problems(specs, staying)
     if clashes:
         raise CatalogError("the catalog does not fit the models it names; nothing was "
                            "applied", details=clashes[:20] + [
                                "rename the alias or the fallback; --prune drops the "
                                "models the catalog no longer lists"])
-    return rollout_ops.apply_specs(conn, specs, now, prune)
+    return rollout_ops.apply_specs(conn, specs, now, prune, stored)
 
 
 def unpark(conn: Connection, name: str, now: float, by: str = "an operator") -> bool:

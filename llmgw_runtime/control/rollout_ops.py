@@ -21,13 +21,14 @@ from .states import wanted_replicas
 
 
 def apply_specs(conn: Connection, specs: list[ModelSpec], now: float,
-                prune: bool) -> dict[str, Any]:
+                prune: bool, stored: list[Any] | None = None) -> dict[str, Any]:
     """Store catalog entries (checked by the caller) with what a new definition means: its
     failures are forgotten, it is unparked, and the replicas that run another definition
     roll (``rolls``). Events for what was created, updated and deleted. ``changes``: per
     updated model, its changed fields and the replicas it replaces (api.admin.ModelChange)."""
-    rows = {m.name: m for m in repo.list_models(conn)}
-    result: dict[str, Any] = repo.apply_catalog(conn, specs, now, prune=prune)
+    stored = repo.all_models(conn) if stored is None else stored   # ``repo.all_models``'s
+    rows = {m.name: m for m in repo.listed(stored)}
+    result: dict[str, Any] = repo.apply_catalog(conn, specs, now, prune=prune, stored=stored)
     replaces = start_rollouts(conn, rows, specs, now)
     result["rolls"] = sorted(replaces)
     by_name = {s.name: s for s in specs}

@@ -61,13 +61,15 @@ FRESH: dict[str, Any] = {
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
-                  prune: bool = False) -> dict[str, list[str]]:
+                  prune: bool = False, stored: list[Any] | None = None
+                  ) -> dict[str, list[str]]:
     """Create or update each model; returns what changed. A model deleted while its
     replicas drain (``deleted_at``) is created again, and its replicas count again.
     ``prune`` deletes the others (``delete_model``: at once when nothing runs, else once
     their replicas drained). (What a new definition means, unparking and rolling, is the
-    fleet layer's rule: control/fleet.apply_catalog.)"""
-    existing = {r.name: r for r in conn.execute(sa.select(models))}
+    fleet layer's rule: control/fleet.apply_catalog.) ``stored``: every row of ``models``
+    (deleted ones too) as this transaction read them (:func:`all_models`), else read here."""
+    existing = {r.name: r for r in (all_models(conn) if stored is None else stored)}
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "deleted": []}
     for spec in specs:
         row = existing.get(spec.name)
@@ -98,6 +100,18 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
     if result["created"] or result["updated"] or result["deleted"]:
         fleet_changed(conn, models=result["created"] + result["updated"] + result["deleted"])
     return result
+
+
+def all_models(conn: Connection) -> list[Any]:
+    """Every row of ``models``, deleted ones too, by name: one read for a catalog's apply,
+    which asks the stored models three questions (control/admin_api.py); on a loaded web
+    worker each read waits behind the worker's queue of heartbeats."""
+    return list(conn.execute(sa.select(models).order_by(models.c.name)))
+
+
+def listed(rows: list[Any]) -> list[Any]:
+    """Of ``all_models``'s rows, those :func:`list_models` answers (not deleted)."""
+    return [r for r in rows if r.deleted_at is None]
 
 
 def list_models(conn: Connection, deleted: bool = False) -> list[Any]:
