@@ -19,6 +19,7 @@ from typing import Any
 
 from ..api.states import ReplicaState
 from ..store.models import spec_of
+from ..store.repo import NewReplica
 from . import autoscale, drain, rollout, snapshot, steps
 from .drain import SETTLE_S, STALE_S
 from .states import PARK_AFTER, backoff_s, idle_expired
@@ -55,16 +56,7 @@ class Fleet:
     parts: dict[str, list[Any]]
 
 
-@dataclass(frozen=True)
-class Start:
-    replica_id: str
-    model: str
-    node: str
-    devices: tuple[int, ...]
-    parts: tuple[tuple[int, str, tuple[int, ...]], ...] = ()
-    rendezvous_port: int | None = None
-    definition_hash: str | None = None     # the model definition it runs
-    launch: str | None = None              # its launch fields (JSON, rollout.launch_fields)
+Start = NewReplica     # a replica the pass starts: the row it writes (store/repo.py)
 
 
 @dataclass

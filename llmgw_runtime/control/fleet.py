@@ -90,9 +90,7 @@ def write(conn: Connection, changes: Changes, now: float) -> None:
                                  cut=changes.cuts.get(name, 0))
     for name, problem in changes.node_problems.items():
         repo.set_plan_problem(conn, name, problem)
-    repo.add_replicas(conn, [repo.NewReplica(
-        s.replica_id, s.model, s.node, s.devices, s.parts, s.rendezvous_port,
-        s.definition_hash, s.launch) for s in changes.starts], now)
+    repo.add_replicas(conn, changes.starts, now)
     repo.update_replicas(conn, changes.undrains, updated=now, **drain.UNDRAIN_VALUES)
     for replica_id, reason, timeout in changes.drains:
         repo.update_replica(conn, replica_id, updated=now,

@@ -334,8 +334,8 @@ class NewReplica(NamedTuple):
     devices: tuple[int, ...]
     parts: tuple[tuple[int, str, tuple[int, ...]], ...] = ()
     rendezvous_port: int | None = None
-    definition_hash: str | None = None
-    launch: str | None = None
+    definition_hash: str | None = None     # the model definition it runs
+    launch: str | None = None              # its launch fields (JSON, rollout.launch_fields)
 
 
 def add_replicas(conn: Connection, new: list[NewReplica], now: float) -> None:

@@ -15,8 +15,10 @@ from llmgw_runtime.api.agent import Report
 from llmgw_runtime.api.catalog import ModelSpec
 from llmgw_runtime.control import fleet
 from llmgw_runtime.control.decide import Changes, Start
-from llmgw_runtime.store import Store, changes, repo
+from llmgw_runtime.store import Store, repo
 from llmgw_runtime.store.schema import replica_parts
+
+from .test_changes import generation, since
 
 SPEC = ModelSpec.model_validate({"name": "tiny", "source": "file:///m/tiny.gguf",
                                  "engine": "llama.cpp", "profile": {"class": "cpu"}})
@@ -31,16 +33,6 @@ def fleet_of(store: Store) -> float:
             repo.record_report(conn, name, Report(node=name, address="10.0.0.1"), now)
         repo.apply_catalog(conn, [SPEC], now)
     return now
-
-
-def generation(store: Store) -> int:
-    with store.begin() as conn:
-        return changes.since(conn, None).generation
-
-
-def since(store: Store, last: int) -> changes.Changed:
-    with store.begin() as conn:
-        return changes.since(conn, last)
 
 
 def test_many_replicas_are_added_stopped_and_deleted_at_once(store: Store) -> None:
