@@ -106,7 +106,7 @@ def write(conn: Connection, changes: Changes, now: float) -> None:
         state = drain.node_drain(row) if row is not None else None
         if state is not None:
             repo.set_node_drain(conn, name, True, {**state, "done": now})
-    repo.add_events(conn, now, list(changes.events))
+    repo.add_events(conn, now, changes.events)
 
 
 def reconcile(conn: Connection, now: float, settings: Settings,

@@ -59,7 +59,6 @@ from ..store.schema import replicas as replicas_table
 from .decide import Fleet
 
 FULL_EVERY = 60        # every row is read again once in this many passes (rolling)
-CHUNK = 500            # keys per IN (...) read (SQLite's older builds allow 999)
 
 NODE_VOLATILE = ("last_report", "plan_problem")
 REPLICA_VOLATILE = ("last_used", "in_flight")
@@ -87,10 +86,9 @@ def _replica_query() -> Any:
                 models_table, models_table.c.name == replicas_table.c.model)))
 
 
-def _chunks(keys: Iterable[str]) -> Iterable[list[str]]:
-    ordered = sorted(keys)
-    for i in range(0, len(ordered), CHUNK):
-        yield ordered[i:i + CHUNK]
+def _chunks(keys: Iterable[str]) -> list[list[str]]:
+    """``keys`` in key order, a list per IN (...) read (``repo.chunks``)."""
+    return repo.chunks(sorted(keys))
 
 
 def _named(conn: Connection, table: Any, names: set[str],

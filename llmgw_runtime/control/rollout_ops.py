@@ -26,7 +26,7 @@ def apply_specs(conn: Connection, specs: list[ModelSpec], now: float,
     failures are forgotten, it is unparked, and the replicas that run another definition
     roll (``rolls``). Events for what was created, updated and deleted. ``changes``: per
     updated model, its changed fields and the replicas it replaces (api.admin.ModelChange)."""
-    stored = repo.all_models(conn) if stored is None else stored   # ``repo.all_models``'s
+    stored = repo.all_models(conn) if stored is None else stored
     rows = {m.name: m for m in repo.listed(stored)}
     result: dict[str, Any] = repo.apply_catalog(conn, specs, now, prune=prune, stored=stored)
     replaces = start_rollouts(conn, rows, specs, now)

@@ -16,15 +16,22 @@ from ..api.agent import DeviceReport, Report
 from .db import fleet_changed
 from .schema import nodes, replica_parts, replicas
 
+CHUNK = 400     # keys per IN (...) list: SQLite's older builds take 999 bound parameters
+
+
+def chunks(keys: Collection[str]) -> list[list[str]]:
+    """``keys`` (in their order) in lists of at most :data:`CHUNK`, one IN list each."""
+    ordered = list(keys)
+    return [ordered[i:i + CHUNK] for i in range(0, len(ordered), CHUNK)]
+
 
 def homes(conn: Connection, replica_ids: Collection[str]) -> set[str]:
     """The nodes the replicas ``replica_ids`` live on: their heads' and parts' (for the
     change log: a replica's write names its nodes)."""
     if not replica_ids:
         return set()
-    ids, out = list(replica_ids), set[str]()
-    for i in range(0, len(ids), 400):        # two IN lists: SQLite's older builds take 999
-        chunk = ids[i:i + 400]
+    out = set[str]()
+    for chunk in chunks(replica_ids):   # two IN lists of CHUNK: within SQLite's 999
         heads = sa.select(replicas.c.node).where(replicas.c.id.in_(chunk))
         parts = sa.select(replica_parts.c.node).where(replica_parts.c.replica_id.in_(chunk))
         out.update(r[0] for r in conn.execute(sa.union(heads, parts)))

@@ -17,6 +17,8 @@ from .leases import lease_holder as lease_holder
 from .leases import release_lease as release_lease
 from .leases import try_lease as try_lease
 from .models import SPEC_COLUMNS, spec_of, spec_to_row
+from .noderows import CHUNK as CHUNK
+from .noderows import chunks as chunks
 from .noderows import devices_of as devices_of
 from .noderows import homes as homes
 from .noderows import inventory_of as inventory_of
@@ -24,9 +26,6 @@ from .noderows import record_heartbeats as record_heartbeats
 from .noderows import record_report as record_report
 from .noderows import replicas_using_node as replicas_using_node
 from .schema import events, models, nodes, replica_parts, replicas
-
-CHUNK = 400     # keys per IN (...) list (homes: two of them)
-
 
 # ---------------------------------------------------------------- models
 
@@ -415,7 +414,7 @@ def update_replicas(conn: Connection, replica_ids: list[str], **values: Any) -> 
         return
     if set(values) - {"last_used", "in_flight"}:
         fleet_changed(conn, replicas=replica_ids, nodes=homes(conn, replica_ids))
-    for chunk in _chunks(replica_ids):
+    for chunk in chunks(replica_ids):
         conn.execute(replicas.update().where(replicas.c.id.in_(chunk)).values(**values))
 
 
@@ -428,15 +427,9 @@ def delete_replicas(conn: Connection, replica_ids: list[str]) -> None:
     if not replica_ids:
         return
     fleet_changed(conn, replicas=replica_ids, nodes=homes(conn, replica_ids))
-    for chunk in _chunks(replica_ids):
+    for chunk in chunks(replica_ids):
         conn.execute(replica_parts.delete().where(replica_parts.c.replica_id.in_(chunk)))
         conn.execute(replicas.delete().where(replicas.c.id.in_(chunk)))
-
-
-def _chunks(keys: list[str]) -> list[list[str]]:
-    """``keys`` in lists of at most CHUNK (an IN list's bound parameters: SQLite's older
-    builds allow 999)."""
-    return [keys[i:i + CHUNK] for i in range(0, len(keys), CHUNK)]
 
 
 # ---------------------------------------------------------------- events
