@@ -11,26 +11,19 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from llmgw_runtime.api.agent import Report
-from llmgw_runtime.api.catalog import ModelSpec
 from llmgw_runtime.control import fleet
 from llmgw_runtime.control.decide import Changes, Start
 from llmgw_runtime.store import Store, repo
 from llmgw_runtime.store.schema import replica_parts
 
-from .test_changes import generation, since
+from .test_changes import SPEC, generation, since, three_nodes
 
-SPEC = ModelSpec.model_validate({"name": "tiny", "source": "file:///m/tiny.gguf",
-                                 "engine": "llama.cpp", "profile": {"class": "cpu"}})
 MANY = repo.CHUNK * 2 + 17          # three IN lists
 
 
 def fleet_of(store: Store) -> float:
+    now = three_nodes(store)
     with store.begin() as conn:
-        now = store.now(conn)
-        for name in ("n1", "n2", "n3"):
-            repo.set_node_credential(conn, name, name * 16, now)
-            repo.record_report(conn, name, Report(node=name, address="10.0.0.1"), now)
         repo.apply_catalog(conn, [SPEC], now)
     return now
 

@@ -34,12 +34,18 @@ def since(store: Store, last: int | None) -> changes.Changed:
         return changes.since(conn, last)
 
 
-def test_each_write_names_the_nodes_models_and_replicas_it_changed(store: Store) -> None:
+def three_nodes(store: Store) -> float:
+    """Nodes n1, n2 and n3, joined and reported; the store's time then."""
     with store.begin() as conn:
         now = store.now(conn)
         for name in ("n1", "n2", "n3"):
             repo.set_node_credential(conn, name, name * 16, now)
             repo.record_report(conn, name, Report(node=name, address="10.0.0.1"), now)
+    return now
+
+
+def test_each_write_names_the_nodes_models_and_replicas_it_changed(store: Store) -> None:
+    now = three_nodes(store)
     last = generation(store)
     with store.begin() as conn:
         repo.apply_catalog(conn, [SPEC], now)
