@@ -13,6 +13,7 @@ from ..api.admin import Health
 from ..api.openapi import control_document
 from ..errors import StoreError
 from ..store import Store, failover, repo
+from ..store.db import redact_url
 from ..store.members import StoreHealth
 from . import (
     admin_api,
@@ -84,8 +85,8 @@ def install_store_waits(app: Flask, wait_s: float) -> None:
             return error_response(500, "internal_error", "the control service failed "
                                   "unexpectedly; see its log")
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        return _store(failover.StoreUnavailable(f"the store cannot be reached: {first} "
-                                                f"({why})"))
+        return _store(failover.unavailable(redact_url(app.extensions["llmgw.store"].url),
+                                           first, why))
 
 
 @health.get("/openapi.json")

@@ -34,8 +34,10 @@ from .failover import (
     classify,
     connect_kwargs,
     connect_timeout_s,
+    note_cut,
     retry_left_s,
     sever,
+    unavailable,
     unreplicated_notice,
     wait_s,
 )
@@ -182,8 +184,8 @@ def arm(conn: Connection | None, raw: Any) -> None:
 def disarm(conn: Connection | None) -> None:
     """The server answered (or the statement failed): the wait's watch is done."""
     entry = None if conn is None else conn.info.pop(WAITING, None)
-    if entry is not None:
-        WATCHDOG.done(entry)
+    if entry is not None and WATCHDOG.done(entry):
+        note_cut()                      # the bound severed it: the error says so
 
 
 @contextmanager
@@ -209,8 +211,8 @@ def bounded(raw: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        if entry is not None:
-            WATCHDOG.done(entry)
+        if entry is not None and WATCHDOG.done(entry):
+            note_cut()
 
 
 CHANGED = "llmgw.fleet_changed"
@@ -297,10 +299,7 @@ class Store:
             if self.dialect == "postgresql":
                 self.engine.dispose()      # every pooled connection may be to the old primary
             first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            raise StoreUnavailable(
-                f"the store at {redact_url(self.url)} cannot be reached: {first}"
-                + (f" ({why})" if why != "the server cannot be reached" else "")
-                + "; check that the database is up, then retry") from exc
+            raise unavailable(redact_url(self.url), first, why) from exc
 
     def _commit(self, conn: Connection, trans: Any, moved: Any = None) -> None:
         """COMMIT (with the bump and log of ``moved``, :func:`bump_and_commit`), cancelled

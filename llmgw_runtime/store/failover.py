@@ -91,6 +91,30 @@ def set_wait(seconds: float | None) -> None:
     most ``seconds`` for the server, and retries stop ``seconds`` after this call."""
     _BOUND.wait_s = seconds
     _BOUND.until = None if seconds is None else time.monotonic() + seconds
+    _BOUND.cut = None
+
+
+def note_cut() -> None:
+    """This thread's wait just ended because its bound severed the connection (store/db.py
+    ``disarm``): the error it gets says so (:func:`unavailable`), not "cannot be reached"."""
+    _BOUND.cut = wait_s()
+
+
+def unavailable(where: str, first: str, why: str) -> StoreUnavailable:
+    """The error for a lost connection (``first``: the driver's line, ``why``:
+    :func:`classify`'s): a wait that this thread's bound cut off names the bound, since a
+    store that answers slowly (overloaded, or a failover under way) is not one that is
+    down."""
+    cut, _BOUND.cut = getattr(_BOUND, "cut", None), None
+    if cut is not None:
+        return StoreUnavailable(
+            f"the store at {where} did not answer within {cut:g} s, the bound on each wait "
+            "of a request (LLMGW_STORE_WAIT_S), so the request was cut off: PostgreSQL or "
+            "this control service is overloaded, or a failover is under way. Retry in a few "
+            "seconds; if it persists, see `llmgw ctl status` and the control service's CPU")
+    return StoreUnavailable(f"the store at {where} cannot be reached: {first}"
+                            + (f" ({why})" if why != "the server cannot be reached" else "")
+                            + "; check that the database is up, then retry")
 
 
 def wait_s() -> float | None:

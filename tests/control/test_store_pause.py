@@ -84,6 +84,8 @@ def test_a_store_that_stops_answering_is_a_503_with_retry_after_within_the_bound
                         error = resp.json()["error"]
                         assert error["reason"] == "store_unavailable"
                         assert "Retry-After" in " ".join(error["details"])
+                        if path == "/api/v1/models":    # its pooled connection's wait
+                            assert f"did not answer within {WAIT_S:g} s" in error["message"]
             deadline = time.monotonic() + 15
             while not requests.get(url + "/api/v1/models", headers=admin, timeout=10).ok:
                 assert time.monotonic() < deadline, "the store's return was not noticed"
