@@ -15,7 +15,9 @@ client, and a bound on a COMMIT that waits for the synchronous standby.
   server (store/db.py ``arm``: the client's own work between statements is not counted),
   after which the same watchdog
   severs the connection's socket (:func:`sever`: the blocked read returns at once, the
-  connection is dropped), and retries stop that long after the request began. A server
+  connection is dropped) unless the server's answer is already waiting in it (then this
+  process is the late one, and the wait goes on), and retries stop that long after the
+  request began. A server
   that stops answering (a lost node before its keepalives tell, a paused postmaster) is
   then a 503 with Retry-After within seconds, not a request hanging past its client's
   timeout. Server-side timeouts (statement_timeout, lock_timeout) cannot do this: a
@@ -24,6 +26,7 @@ client, and a bound on a COMMIT that waits for the synchronous standby.
 
 from __future__ import annotations
 
+import _socket
 import heapq
 import itertools
 import logging
@@ -135,24 +138,37 @@ def connect_timeout_s(bound_s: float) -> str:
     return str(max(MIN_CONNECT_TIMEOUT_S, min(ceiling, int(bound_s + 0.999))))
 
 
-def sever(raw: Any) -> None:
+def sever(raw: Any) -> bool:
     """Shut down the socket of a psycopg2 connection from another thread: a read blocked
     on it returns at once ("server closed the connection unexpectedly"), and the pool drops
-    the connection. The descriptor stays libpq's (a duplicate is shut down and closed)."""
+    the connection. The descriptor stays libpq's (a duplicate is shut down and closed).
+
+    Unless the server has answered: when its answer is already waiting in the socket, this
+    process is late to read it (a web worker busy with thousands of heartbeats, whose
+    greenlet waiting here has not had its turn yet), not the server late to answer; the
+    connection is left alone and False returned, so the wait goes on under a new bound.
+    Cutting it off answered an operator's catalog apply 503 while PostgreSQL was fine."""
     try:
         fd = raw.fileno()
     except Exception:  # noqa: BLE001 - already closed: nothing waits on it
-        return
+        return True
     try:
-        dup = socket.socket(fileno=os.dup(fd))
+        # the C socket type, never gevent's: a peek that would block must not wait
+        dup = _socket.socket(fileno=os.dup(fd))
     except OSError:
-        return
+        return True
     try:
+        try:
+            if dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                return False             # an answer waits to be read
+        except OSError:
+            pass                         # nothing yet (EAGAIN), or the socket failed
         dup.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
     finally:
         dup.close()
+    return True
 
 
 def unreplicated_notice(notices: list[str]) -> str | None:
@@ -164,12 +180,13 @@ def unreplicated_notice(notices: list[str]) -> str | None:
 
 
 class _Watch:
-    __slots__ = ("raw", "deadline", "fired", "done", "action")
+    __slots__ = ("raw", "deadline", "span", "fired", "done", "action")
 
-    def __init__(self, raw: Any, deadline: float,
-                 action: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, raw: Any, span: float,
+                 action: Callable[[Any], bool] | None = None) -> None:
         self.raw = raw
-        self.deadline = deadline
+        self.span = span
+        self.deadline = time.monotonic() + span
         self.fired = False
         self.done = False
         self.action = action
@@ -188,8 +205,10 @@ class CommitWatchdog:
         self._thread: threading.Thread | None = None
 
     def watch(self, raw: Any, timeout_s: float,
-              action: Callable[[Any], None] | None = None) -> _Watch:
-        entry = _Watch(raw, time.monotonic() + timeout_s, action)
+              action: Callable[[Any], bool] | None = None) -> _Watch:
+        """Watch ``raw`` for ``timeout_s``; then cancel its COMMIT, or run ``action``, which
+        returns False when it did nothing and the watch goes on for ``timeout_s`` more."""
+        entry = _Watch(raw, timeout_s, action)
         with self._cond:
             heapq.heappush(self._heap, (entry.deadline, next(self._seq), entry))
             # no ``is_alive()``: under gevent it gives the loop away, once a COMMIT
@@ -221,14 +240,21 @@ class CommitWatchdog:
             due: list[_Watch] = []
             with self._cond:
                 now = time.monotonic()
+                later: list[_Watch] = []
                 while self._heap and (self._heap[0][2].done or self._heap[0][0] <= now):
                     _, _, entry = heapq.heappop(self._heap)
-                    if not entry.done:
+                    if entry.done:
+                        continue
+                    if entry.action is None:
                         entry.fired = True
-                        if entry.action is not None:     # quick, and only while not done
-                            entry.action(entry.raw)
-                        else:
-                            due.append(entry)
+                        due.append(entry)
+                    elif entry.action(entry.raw):    # quick, and only while not done
+                        entry.fired = True
+                    else:                            # not now: watched for its span again
+                        entry.deadline = now + entry.span
+                        later.append(entry)
+                for entry in later:
+                    heapq.heappush(self._heap, (entry.deadline, next(self._seq), entry))
                 if not due:
                     wait = self._heap[0][0] - now if self._heap else 60.0
                     self._cond.wait(max(wait, 0.0))

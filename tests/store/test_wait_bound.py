@@ -6,6 +6,7 @@ the server "does not answer" by holding a lock the statement waits for, or sleep
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -90,3 +91,37 @@ def test_the_summary_views_own_cursor_is_bounded_too(
     failover.set_wait(BOUND_S)
     with pg_store.begin() as conn:
         assert set(view.refresh(conn).nodes) == {"n-1"}
+
+
+class _Raw:
+    """What the watchdog holds of a psycopg2 connection: its descriptor."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+
+def test_an_answer_waiting_to_be_read_is_not_cut_off_and_a_silent_server_then_is() -> None:
+    """A busy web worker may read the server's answer after the bound: the server answered,
+    so the wait goes on (an apply under 10,000 agents was answered 503 while PostgreSQL was
+    fine). Once the answer is read and nothing more comes, the bound cuts it off."""
+    ours, server = socket.socketpair()
+    try:
+        server.sendall(b"answer")                      # answered; not read yet
+        entry = failover.WATCHDOG.watch(_Raw(ours), 0.2, action=failover.sever)
+        time.sleep(0.7)                                # past the bound, three times
+        assert not entry.fired
+        assert ours.recv(16) == b"answer"              # the connection still serves
+        ours.sendall(b"next")
+        assert server.recv(16) == b"next"
+        deadline = time.monotonic() + 3
+        while not entry.fired:                         # nothing more: cut off
+            assert time.monotonic() < deadline, "the silent server was not cut off"
+            time.sleep(0.05)
+        assert ours.recv(16) == b""                    # its socket was shut down
+        assert failover.WATCHDOG.done(entry)
+    finally:
+        ours.close()
+        server.close()
