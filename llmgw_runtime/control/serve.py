@@ -74,6 +74,19 @@ def _worker_exit(server: Any, worker: Any) -> None:
             beats.stop()
     finally:
         tracing.shutdown()
+        quiet_exit()
+
+
+def quiet_exit() -> None:
+    """Flush and close the logging handlers of a gevent worker that is about to exit, and
+    drop logging's weak references to them: the interpreter's teardown would otherwise
+    collect them after gevent's module globals, and each worker's stop printed "Exception
+    ignored in: _removeHandlerRef ... TypeError: 'NoneType' object is not callable" into
+    the service's log (logging's lock asking gevent for the current greenlet)."""
+    logging.shutdown()
+    refs = getattr(logging, "_handlerList", None)
+    if isinstance(refs, list):
+        refs.clear()
 
 
 STOPPING_GRACE_S = 3.0    # how long a reconciler that stopped cleanly waits for the server's stop

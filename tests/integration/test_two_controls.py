@@ -180,6 +180,10 @@ def test_two_control_hosts_share_the_agents_and_one_reconciler(
         # Host A stops: its agents move to B (as a load balancer in front would send them),
         # whose answer to their first heartbeat asks for the full report it does not hold.
         a.proc.stop()
+        # a clean stop: each gevent worker's teardown printed a traceback here before
+        # (logging's handler references, control/serve.py ``quiet_exit``)
+        stopped = a.proc.log.read_text()
+        assert "Worker exiting" in stopped and "Exception ignored" not in stopped, stopped[-2000:]
         moved = agents[0::2]
         for agent in moved:
             agent.host = b
