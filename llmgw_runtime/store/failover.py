@@ -13,14 +13,12 @@ client, and a bound on a COMMIT that waits for the synchronous standby.
   ``LLMGW_STORE_WAIT_S``): each statement of a transaction, its COMMIT or ROLLBACK, its
   pooled connection's ping and a new connection each wait at most that long for the
   server (store/db.py ``arm``: the client's own work between statements is not counted),
-  after which the same watchdog
-  severs the connection's socket (:func:`sever`: the blocked read returns at once, the
-  connection is dropped) unless the server's answer is already waiting in it (then this
-  process is the late one, and the wait goes on), and retries stop that long after the
-  request began. A server
-  that stops answering (a lost node before its keepalives tell, a paused postmaster) is
-  then a 503 with Retry-After within seconds, not a request hanging past its client's
-  timeout. Server-side timeouts (statement_timeout, lock_timeout) cannot do this: a
+  after which the same watchdog severs the connection's socket (:func:`sever`: the
+  blocked read returns at once, the connection is dropped) unless the server's answer is
+  already waiting in it (then this process is the late one, and the wait goes on), and
+  retries stop that long after the request began. A server that stops answering (a lost
+  node before its keepalives tell, a paused postmaster) is then a 503 with Retry-After
+  within seconds, not a request hanging past its client's timeout. Server-side timeouts (statement_timeout, lock_timeout) cannot do this: a
   server that does not run does not time out.
 """
 
