@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, PendingRollbackError
 
 from ..errors import ConfigError
 from .changes import bump, bump_and_commit
@@ -181,9 +181,22 @@ def arm(conn: Connection | None, raw: Any) -> None:
     conn.info[WAITING] = WATCHDOG.watch(raw, bound, action=sever)
 
 
+def info_of(conn: Connection) -> dict[Any, Any]:
+    """``conn.info``; an empty dict once the connection was lost inside its transaction,
+    which SQLAlchemy will not reach before the rollback (``PendingRollbackError``). A
+    primary killed during a COMMIT raised that from here instead of the write's
+    :class:`NotAcknowledged`, and the writer died with it (tests/store/test_failover.py).
+    What the lost connection's info held goes with it: a watch left in it fires on a
+    closed connection, which does nothing."""
+    try:
+        return conn.info
+    except PendingRollbackError:
+        return {}
+
+
 def disarm(conn: Connection | None) -> None:
     """The server answered (or the statement failed): the wait's watch is done."""
-    entry = None if conn is None else conn.info.pop(WAITING, None)
+    entry = None if conn is None else info_of(conn).pop(WAITING, None)
     if entry is not None and WATCHDOG.done(entry):
         note_cut()                      # the bound severed it: the error says so
 
@@ -315,7 +328,7 @@ class Store:
             trans.commit()
         except DBAPIError as exc:
             cancelled = WATCHDOG.done(entry)
-            notice = unreplicated_notice(conn.info.pop(NOTICES, []) + raw.notices)
+            notice = unreplicated_notice(info_of(conn).pop(NOTICES, []) + raw.notices)
             if cancelled or notice:
                 self._not_acknowledged(conn, notice or f"the COMMIT was cancelled after "
                                        f"{self.commit_timeout_s:.0f} s ({exc.orig})")

@@ -259,3 +259,37 @@ def test_an_error_of_the_write_itself_rolls_back_and_is_not_retried(store: Store
     assert calls == [1]
     with store.begin() as conn:
         assert repo.list_events(conn) == []
+
+
+def test_a_connection_lost_at_the_commit_is_not_acknowledged_and_the_write_retried(
+        postgres: PostgresServer) -> None:
+    """The primary gone during the COMMIT (its backend terminated, as a killed PostgreSQL
+    does): the write is not acknowledged and an idempotent one is run again. The lost
+    connection's bookkeeping raised SQLAlchemy's PendingRollbackError instead, and the
+    writer died with it (a CI run of test_failover's kill of the primary)."""
+    store = Store(postgres.create_database(f"lost_{os.getpid()}_{time.monotonic_ns()}"))
+    store.migrate()
+    calls: list[int] = []
+
+    def write(conn: sa.Connection) -> None:
+        calls.append(1)
+        repo.add_event(conn, 1.0, "test", "s", f"attempt {len(calls)}")
+        if len(calls) < 3:                # the first two attempts lose their connection
+            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            admin = psycopg2.connect(store.url.replace("postgresql+psycopg2://",
+                                                       "postgresql://"))
+            admin.autocommit = True
+            with admin.cursor() as cur:
+                cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            admin.close()
+
+    try:
+        with pytest.raises(NotAcknowledged, match="may or may not have committed"):
+            store.transaction(write, idempotent=False)      # told, and not run again
+        assert len(calls) == 1
+        store.write(write)                                  # run again, then committed
+        assert len(calls) == 3
+        with store.begin() as conn:
+            assert [e["message"] for e in repo.list_events(conn)] == ["attempt 3"]
+    finally:
+        store.dispose()
