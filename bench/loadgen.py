@@ -18,6 +18,29 @@ def build_request(host: str, port: int, path: str, body: bytes, token: str | Non
             + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+def response(buf: bytes) -> tuple[int, bytes, bytes] | None:
+    """(status, body, what follows) of the whole response at the start of ``buf``, or None
+    while it is not whole yet."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = buf[:end]
+    status = int(head[9:12])
+    start = end + 4
+    length = -1
+    for line in head.split(b"\r\n")[1:]:
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    if length >= 0:
+        if len(buf) - start < length:
+            return None
+        return status, buf[start:start + length], buf[start + length:]
+    done = buf.find(b"\r\n0\r\n\r\n", start - 2)      # chunked: up to the last chunk
+    if done < 0:
+        return None
+    return status, buf[start:done + 7], buf[done + 7:]
+
+
 class Conn:
     def __init__(self, host: str, port: int) -> None:
         self.sock = socket.create_connection((host, port))
@@ -33,29 +56,9 @@ class Conn:
     def roundtrip(self, request: bytes) -> tuple[int, bytes]:
         """Send one request, read one whole response; returns (status, body)."""
         self.sock.sendall(request)
-        while b"\r\n\r\n" not in self.buf:
+        while (whole := response(self.buf)) is None:
             self._fill()
-        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        status = int(head[9:12])
-        length = -1
-        for line in head.split(b"\r\n")[1:]:
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        if length >= 0:
-            while len(self.buf) < length:
-                self._fill()
-            body, self.buf = self.buf[:length], self.buf[length:]
-            return status, body
-        while True:  # chunked: up to the terminating zero-length chunk
-            i = self.buf.find(b"\r\n0\r\n\r\n")
-            if i >= 0:
-                end = i + 7
-                break
-            if self.buf.startswith(b"0\r\n\r\n"):
-                end = 5
-                break
-            self._fill()
-        body, self.buf = self.buf[:end], self.buf[end:]
+        status, body, self.buf = whole
         return status, body
 
     def close(self) -> None:

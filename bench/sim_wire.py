@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gevent
+import loadgen
 from gevent import get_hub
 
 Answer = Callable[[int, bytes], None]
@@ -33,29 +34,6 @@ def at(when: float, callback: Callable[[], None]) -> Any:
     timer = loop().timer(max(0.0, when - time.perf_counter()))
     timer.start(callback, update=True)
     return timer
-
-
-def response(buf: bytes) -> tuple[int, bytes, bytes] | None:
-    """(status, body, what follows) of the whole response at the start of ``buf``, or None
-    while it is not whole yet."""
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        return None
-    head = buf[:end]
-    status = int(head[9:12])
-    start = end + 4
-    length = -1
-    for line in head.split(b"\r\n")[1:]:
-        if line[:15].lower() == b"content-length:":
-            length = int(line[15:])
-    if length >= 0:
-        if len(buf) - start < length:
-            return None
-        return status, buf[start:start + length], buf[start + length:]
-    done = buf.find(b"\r\n0\r\n\r\n", start - 2)      # chunked: up to the last chunk
-    if done < 0:
-        return None
-    return status, buf[start:done + 7], buf[done + 7:]
 
 
 class Wire:
@@ -140,7 +118,7 @@ class Wire:
             return
         self.buf += data
         try:
-            whole = response(self.buf)
+            whole = loadgen.response(self.buf)
         except ValueError as exc:
             self._failed(exc)
             return

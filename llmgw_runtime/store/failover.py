@@ -18,8 +18,9 @@ client, and a bound on a COMMIT that waits for the synchronous standby.
   already waiting in it (then this process is the late one, and the wait goes on), and
   retries stop that long after the request began. A server that stops answering (a lost
   node before its keepalives tell, a paused postmaster) is then a 503 with Retry-After
-  within seconds, not a request hanging past its client's timeout. Server-side timeouts (statement_timeout, lock_timeout) cannot do this: a
-  server that does not run does not time out.
+  within seconds, not a request hanging past its client's timeout. Server-side timeouts
+  (statement_timeout, lock_timeout) cannot do this: a server that does not run does not
+  time out.
 """
 
 from __future__ import annotations
