@@ -84,9 +84,8 @@ def install_store_waits(app: Flask, wait_s: float) -> None:
             app.logger.exception("database error")
             return error_response(500, "internal_error", "the control service failed "
                                   "unexpectedly; see its log")
-        first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         return _store(failover.unavailable(redact_url(app.extensions["llmgw.store"].url),
-                                           first, why))
+                                           exc, why))
 
 
 @health.get("/openapi.json")

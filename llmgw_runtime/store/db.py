@@ -34,6 +34,7 @@ from .failover import (
     classify,
     connect_kwargs,
     connect_timeout_s,
+    first_line,
     note_cut,
     retry_left_s,
     sever,
@@ -311,8 +312,7 @@ class Store:
                 raise
             if self.dialect == "postgresql":
                 self.engine.dispose()      # every pooled connection may be to the old primary
-            first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            raise unavailable(redact_url(self.url), first, why) from exc
+            raise unavailable(redact_url(self.url), exc, why) from exc
 
     def _commit(self, conn: Connection, trans: Any, moved: Any = None) -> None:
         """COMMIT (with the bump and log of ``moved``, :func:`bump_and_commit`), cancelled
@@ -333,9 +333,9 @@ class Store:
                 self._not_acknowledged(conn, notice or f"the COMMIT was cancelled after "
                                        f"{self.commit_timeout_s:.0f} s ({exc.orig})")
             if classify(exc):              # e.g. the primary died during the COMMIT
-                first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
                 self._not_acknowledged(conn, f"the connection failed during the COMMIT "
-                                       f"({first}), so it may or may not have committed")
+                                       f"({first_line(exc)}), so it may or may not have "
+                                       "committed")
             raise
         cancelled = WATCHDOG.done(entry)
         notice = unreplicated_notice(conn.info.pop(NOTICES, []) + raw.notices)

@@ -102,11 +102,16 @@ def note_cut() -> None:
     _BOUND.cut = wait_s()
 
 
-def unavailable(where: str, first: str, why: str) -> StoreUnavailable:
-    """The error for a lost connection (``first``: the driver's line, ``why``:
-    :func:`classify`'s): a wait that this thread's bound cut off names the bound, since a
-    store that answers slowly (overloaded, or a failover under way) is not one that is
-    down."""
+def first_line(exc: DBAPIError) -> str:
+    """The driver's own first line of a database error (SQLAlchemy's text adds its own)."""
+    return str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+
+
+def unavailable(where: str, exc: DBAPIError, why: str) -> StoreUnavailable:
+    """The error for a lost connection (``why``: :func:`classify`'s): a wait that this
+    thread's bound cut off names the bound, since a store that answers slowly (overloaded,
+    or a failover under way) is not one that is down."""
+    first = first_line(exc)
     cut, _BOUND.cut = getattr(_BOUND, "cut", None), None
     if cut is not None:
         return StoreUnavailable(
