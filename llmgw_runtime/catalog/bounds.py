@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ..coop import checkpoint
 from ..errors import CatalogError
 
 # -- the document ----------------------------------------------------------------------------
@@ -139,6 +140,7 @@ def check_structure(text: str, loader: type) -> None:
                           "out, or use an anchor for a small shared part such as a profile")
 
     for event in yaml.parse(text, Loader=loader):
+        checkpoint()
         if isinstance(event, yaml.ScalarEvent):
             add(1 + len(event.value), 1, event.anchor, event)
         elif isinstance(event, yaml.AliasEvent):
@@ -157,7 +159,19 @@ def check_structure(text: str, loader: type) -> None:
             add(size, height + 1, anchor, event)
 
 
-_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BASE_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BASE_LOADER):  # type: ignore[misc,valid-type]
+    """The safe loader, giving a gevent worker's event loop its turn while it builds a
+    large catalog (llmgw_runtime/coop.py)."""
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        checkpoint()
+        return super().construct_object(node, deep)
+
+
+_LOADER: type = _Loader
 
 
 def load_yaml(text: str) -> Any:

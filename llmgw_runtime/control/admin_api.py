@@ -25,7 +25,6 @@ from ..catalog import parse as catalog
 from ..errors import ConflictError, NotFoundError, ValidationError
 from ..store import repo
 from . import fleet
-from .offload import offload
 from .web import by_whom, fleet_settings, now_of, require, store
 
 bp = Blueprint("admin", __name__, url_prefix="/api/v1")
@@ -84,7 +83,7 @@ def _apply(dry_run: bool) -> Any:
     prune = _flag("prune")
     with store().begin() as conn:       # so that the check names every problem at once
         staying = fleet.staying_names(conn, prune)
-    specs = offload(catalog.parse, text, staying)     # 0.35 s at 1,000 models
+    specs = catalog.parse(text, staying)    # 0.35 s at 1,000 models, in slices (coop.py)
     expected = request.args.get("deletes")
 
     def write(conn: Any) -> CatalogResult:

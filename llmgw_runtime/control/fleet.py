@@ -31,6 +31,7 @@ from ..api.history import MINUTE_S
 from ..api.router import ERROR_LINE, ActivateAnswer, IdleMap, Routes, Unreachable
 from ..api.states import Activation
 from ..catalog.names import fallback_problems, name_clashes
+from ..coop import checkpoint
 from ..errors import CatalogError, ConflictError, NotFoundError
 from ..fleetvocab import heard_from
 from ..placement import place
@@ -205,7 +206,11 @@ def staying_names(conn: Connection, prune: bool,
     if prune:
         return {}
     rows = repo.list_models(conn) if stored is None else repo.listed(stored)
-    return {m.name: spec_of(m).aliases for m in rows}
+    out = {}
+    for m in rows:
+        checkpoint()                    # 1,000 models: 30 ms (llmgw_runtime/coop.py)
+        out[m.name] = spec_of(m).aliases
+    return out
 
 
 def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,

@@ -20,6 +20,10 @@ A gevent worker serves every connection on one thread, so nothing may block it:
   thread-local and its watchdog, made at import before the patch, are made again after it
   (``failover.renew_after_patch``), so each greenlet has its own bound, and a severed
   socket ends the wait on it.
+- Long CPU work (a catalog apply of 1,000 models: about half a second) computes in slices
+  of at most 5 ms, the loop serving what is ready between them (``llmgw_runtime/coop.py``:
+  its loops call ``checkpoint``). A native thread does not help: it and the loop share
+  the interpreter's lock, which the loop gives up at every system call.
 - SQLite does not run here: its writes lock the file, and a wait for that lock inside
   sqlite3 would stall every connection of the worker. ``control/serve.py`` runs gthread
   workers on SQLite (one machine, a small fleet).
@@ -53,12 +57,19 @@ class ControlWorker(RouterWorker):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=MonkeyPatchWarning)
             super().patch()             # gevent's monkey.patch_all
-        from ..store import failover
-        from . import summary_view
+        after_patch()
 
-        failover.renew_after_patch()
-        summary_view.renew_after_patch()
-        cooperative_psycopg2()
+
+def after_patch() -> None:
+    """What a control worker sets up once gevent patched the standard library."""
+    from .. import coop
+    from ..store import failover
+    from . import summary_view
+
+    failover.renew_after_patch()
+    summary_view.renew_after_patch()
+    cooperative_psycopg2()
+    coop.enable_gevent()            # long loops give the event loop its turn
 
 
 def cooperative_psycopg2() -> None:
