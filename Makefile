@@ -143,6 +143,7 @@ bench: $(STAMP) system-deps runtime-deps
 	$(BIN)/python bench/reconcile_bench.py
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/rollout_bench.py
+	$(BIN)/python bench/slices_bench.py
 	$(MAKE) --no-print-directory bench-affinity
 
 # Prefix-affinity routing and slot admission with two real llama.cpp replicas of the demo
