@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from ..coop import sliced
 from ..status import summary as status_summary
 from ..store import repo
 from . import autoscale, drain
@@ -111,7 +112,7 @@ class Decoded:
         object while its node's row does, so its view and facts are kept while it is."""
         out = []
         facts = {}
-        for row in records:
+        for row in sliced(records):     # a web worker's loop keeps serving (coop.py)
             name = row.name
             found = self._records.get(name)
             if found is None or found[0] is not row:
@@ -221,7 +222,7 @@ def models_of(model_rows: list[Any], replica_rows: list[Any], now: float,
     for rep in replica_rows:
         by_model.setdefault(rep.model, []).append(rep)
     out = []
-    for row in model_rows:
+    for row in sliced(model_rows):
         item = DECODED.model(row)
         reps = by_model.get(row.name, [])
         state = model_state(row, reps, now)
@@ -240,7 +241,7 @@ def read(conn: Connection, now: float, settings: Settings, *, nodes: bool = True
         model_rows, node_rows, replica_rows, parts, reports = HELD.fleet(conn)
         models = models_of(model_rows, replica_rows, now, settings.backoff)
         node_dicts, facts = DECODED.nodes(node_rows, reports) if nodes else ([], {})
-        replicas = [DECODED.replica(r, parts.get(r.id), now) for r in replica_rows]
+        replicas = [DECODED.replica(r, parts.get(r.id), now) for r in sliced(replica_rows)]
     return Rows(now, models, node_dicts, replicas, facts)
 
 

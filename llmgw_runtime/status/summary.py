@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from ..coop import sliced
 from ..fleetvocab import (
     ACTIVE,
     CPU_CLASS,
@@ -134,7 +135,7 @@ def devices_by_class(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]
     memory: dict[str, list[float]] = {}
     shared: set[str] = set()
     touched = {name for name, _ in used} | {name for name, _ in users}
-    for node in nodes:
+    for node in sliced(nodes):          # a web worker's loop keeps serving (coop.py)
         alive = node_alive(node, now, node_timeout_s)
         name = node["name"]
         quiet = name not in touched         # most nodes: nothing on any of its devices
@@ -200,7 +201,7 @@ def node_problems(nodes: list[dict[str, Any]], now: float, node_timeout_s: float
     ``total`` and the first ``cap`` of them: at 10,000 nodes a list, not the fleet."""
     listed: list[dict[str, Any]] = []
     total = 0
-    for node in nodes:
+    for node in sliced(nodes):
         why = []
         if not node_alive(node, now, node_timeout_s):
             last = node.get("last_report")
@@ -257,7 +258,7 @@ def fabrics(models: list[dict[str, Any]], nodes: list[dict[str, Any]], now: floa
     local_of: dict[str, frozenset[str]] = {}
     shared_of: dict[str, set[str]] = {}
     alive: list[tuple[str, str]] = []          # (node, fabric) of reporting nodes
-    for node in nodes:
+    for node in sliced(nodes):
         name = node.get("fabric") or NO_FABRIC
         entry = out.get(name)
         if entry is None:
@@ -309,7 +310,7 @@ def idle_replicas(replicas: list[dict[str, Any]], nodes: list[dict[str, Any]], n
     (from the routers' idle map), longest idle first, with the cards they hold. A replica
     no router has reported is unknown, not idle: listed apart, ``idle_s`` -1."""
     idle, unknown = [], []
-    for r in replicas:
+    for r in sliced(replicas):
         if r["state"] != "ready" or not r.get("desired", True) or r.get("draining"):
             continue                               # a draining one is already stopping
         if r.get("last_used") is not None and now - r["last_used"] < idle_after_s:
@@ -408,11 +409,11 @@ def build(models: list[dict[str, Any]], nodes: list[dict[str, Any]],
     ``facts``: what the caller kept of each node (node name -> ``node_facts`` of it; the
     same summary, sooner); those missing are made here."""
     if facts is None or len(facts) < len(nodes):
-        facts = {n["name"]: facts_of(n, facts) for n in nodes}
+        facts = {n["name"]: facts_of(n, facts) for n in sliced(nodes)}
     full = {m["name"]: at_capacity(m, now) for m in models}
     rolls = {m["name"]: changes.rollout_of(m, replicas) for m in models}
     out_of_service = changes.maintenance(nodes, replicas)
-    alive = sum(1 for n in nodes if node_alive(n, now, node_timeout_s))
+    alive = sum(1 for n in sliced(nodes) if node_alive(n, now, node_timeout_s))
     used = used_devices(replicas)
     by_fabric, weights = fabrics(models, nodes, now, node_timeout_s, used, facts)
     return {
