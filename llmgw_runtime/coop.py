@@ -11,9 +11,10 @@ Handing that work to a native thread did not help: the thread and the event loop
 the interpreter's lock, and the loop gives it up at every system call (each read, each
 send, each wait for the next event), then waits up to the switch interval (5 ms) to get it
 back while the thread computes. Measured with 2,000 kept-alive connections at 2,500
-requests a second and 0.35 s of CPU every 5 s (docs/performance.md, stop 44): on a native
-thread the requests' p99 was 370 ms (max 429), in the request's greenlet 322 ms (max
-402); in 5 ms slices with the loop's turn between them 13 ms (max 23).
+requests a second and a 1,000-model catalog parsed every 5 s (bench/slices_bench.py,
+docs/performance.md stop 44): the requests' p99 was 1.3 ms without the parse, 199 ms with
+it on a native thread, 231 ms in the request's greenlet in one go, 47 ms in 5 ms slices
+with the loop's turn between them (a pure 0.35 s loop in slices: 13 ms).
 
 So long loops call :func:`checkpoint` (or walk :func:`sliced`): once :data:`SLICE_S` has
 passed since the loop last had its turn, it gives the loop one turn (a sleep of
