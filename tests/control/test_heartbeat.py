@@ -261,8 +261,13 @@ def test_unchanged_devices_are_not_sent_again_unless_another_writer_wrote_the_no
         # after another writer's change); from then on the batch moves the time only
         assert sent[0] and not sent[-1]
         with api.store.begin() as conn:                      # another host writes n1
-            repo.record_heartbeats(conn, [("n1", api.store.now(conn), json.dumps(theirs))],
-                                   telemetry=["n1"])
+            # after this process's last batch: that may be stamped ahead of the store's
+            # clock by up to half the round trip that measured their offset (Store.clock:
+            # tens of milliseconds on a busy machine), and a batch never goes backwards
+            node = repo.get_node(conn, "n1")
+            assert node is not None
+            at = max(api.store.now(conn), node.last_report + 0.001)
+            repo.record_heartbeats(conn, [("n1", at, json.dumps(theirs))], telemetry=["n1"])
         assert stored() == 9
         assert beat(api, cred, digest, devices=mine).status_code == 200
         batched.flush()
