@@ -200,10 +200,11 @@ def test_the_catalog_package_imports_nothing() -> None:
 
 
 def test_the_status_summary_loads_nothing_but_the_states_the_vocabulary_and_text() -> None:
+    # and coop (the standard library alone: its walks give a gevent worker's loop a turn)
     loaded = set(reached(build_graph(), f"{TOP}.status.render"))
     assert loaded == {f"{TOP}.{m}" for m in (
         "status.render", "status.summary", "status.node_facts", "status.telling",
-        "status.changes", "fleetvocab", "text", "api", "api.states")}
+        "status.changes", "fleetvocab", "text", "api", "api.states", "coop")}
 
 
 # ------------------------------------------------------------------- the checker itself
