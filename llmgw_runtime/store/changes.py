@@ -151,13 +151,15 @@ _BUMP_AND_COMMIT = (
     "ON CONFLICT (name) DO UPDATE SET value = generations.value + 1 RETURNING value) "
     "INSERT INTO changes (seq, kind, key, at) "
     "SELECT g.value, v.kind, v.key, {clock} "
-    "FROM g, (VALUES {rows}) AS v (kind, key); COMMIT")
+    "FROM g, (VALUES {rows}) AS v (kind, key); COMMIT; BEGIN")
 
 
 def bump_and_commit(conn: Connection, changed: Iterable[tuple[str, str]]) -> None:
     """:func:`bump` with entries, then COMMIT, in one message to PostgreSQL (above). The
-    driver still thinks the transaction open: its own COMMIT after this one finds none
-    (a warning, no error)."""
+    driver still thinks the transaction open and sends its own COMMIT after this one: the
+    message ends with a BEGIN for it to end (an empty transaction). Without it that COMMIT
+    found none, and the server logged "WARNING: there is no transaction in progress" for
+    every write that moved the fleet, about 45 a second at 10,000 agents."""
     rows = _entries(changed)
     sql = _BUMP_AND_COMMIT.format(rows=", ".join(["(%s, %s)"] * len(rows)),
                                   clock=str(_clock(conn)))
