@@ -137,70 +137,14 @@ def test_summaries_read_at_once_in_one_worker_both_answer(postgres: PostgresServ
     assert sorted(out.split()) == ["0", "0", "a", "b"]
 
 
-def test_a_catalog_parsed_in_slices_leaves_the_event_loop_serving() -> None:
-    """Parsing a catalog of 1,000 models holds the CPU for about 0.35 s: in one go the
-    worker's event loop stops for all of it; with the worker's checkpoints on
-    (llmgw_runtime/coop.py, what a control worker turns on after gevent's patch) the loop has its turn at
-    least every few milliseconds, and the parse's result and errors come back as they
-    would. The ticker counts the loop's turns; its largest gap is how long a ready
-    connection waited."""
-    out = run_patched("""
-        import json
-        from llmgw_runtime import coop
-        from llmgw_runtime.catalog import parse as catalog
-        from llmgw_runtime.errors import CatalogError
-        entries = [{"name": f"m-{i:04d}", "source": f"hf://o/m-{i:04d}/model.gguf",
-                    "engine": "vllm", "profile": {"class": "a100-80g", "gpus": 1},
-                    "replicas": 2} for i in range(1000)]
-        text = json.dumps({"models": entries})
+# A 1 ms ticker greenlet counts the event loop's turns while ``work()`` computes, in one go
+# (checkpoints off) or in slices (on, as a control worker has them: llmgw_runtime/coop.py);
+# its longest gap is how long a connection whose data arrived waited. What lives is frozen
+# first, as a worker's keeper does (llmgw_runtime/gckeeper.py).
+TICKED = """
         import gc
-        gc.freeze()             # what lives leaves the collector's walk, as a worker's
-        ticks = []              # keeper does (llmgw_runtime/gckeeper.py)
-        def tick():
-            while True:
-                ticks.append(time.monotonic())
-                gevent.sleep(0.001)
-        ticker = gevent.spawn(tick)
-        gevent.sleep(0.01)
-        for how in ("whole", "sliced"):
-            if how == "whole":
-                coop.disable()
-            else:
-                coop.enable_gevent()
-            first = len(ticks)
-            specs = catalog.parse(text, {})
-            turns = len(ticks) - first
-            gevent.sleep(0.01)             # the loop's first turn after it
-            seen = ticks[first - 1:]
-            gap = max(b - a for a, b in zip(seen, seen[1:]))
-            print(how, len(specs), turns, int(gap * 1000))
-        try:
-            catalog.parse("models: [{name: 1}]", {})
-        except CatalogError as exc:
-            print("error", type(exc).__name__)
-    """)
-    whole, sliced, error = out.splitlines()
-    assert whole.split()[:2] == ["whole", "1000"] and int(whole.split()[2]) <= 1, out
-    name, count, turns, gap_ms = sliced.split()
-    assert (name, count) == ("sliced", "1000") and int(turns) >= 20, out
-    # Slices of 5 ms; the longest wait left is libyaml composing the document (C, about
-    # 50 ms), plus what a busy machine adds: under the whole parse's (bench/slices_bench.py
-    # measures the requests' latency).
-    assert int(gap_ms) < int(whole.split()[3]), out
-    assert error == "error CatalogError"
-
-
-def test_the_status_summary_of_a_large_fleet_leaves_the_event_loop_serving() -> None:
-    """The summary every status view renders walks every node: at 5,000 nodes about a
-    tenth of a second, which the worker's loop waited for in one go; with the worker's
-    checkpoints on it has its turn between nodes, and the summary is the same."""
-    out = run_patched("""
         from llmgw_runtime import coop
-        from llmgw_runtime.status import summary
-        from tests.status.builders import big_fleet
-        models, nodes, replicas = big_fleet(5000, 1000)
-        import gc
-        gc.freeze()             # as a worker's keeper does (llmgw_runtime/gckeeper.py)
+        gc.freeze()
         ticks = []
         def tick():
             while True:
@@ -208,19 +152,60 @@ def test_the_status_summary_of_a_large_fleet_leaves_the_event_loop_serving() -> 
                 gevent.sleep(0.001)
         ticker = gevent.spawn(tick)
         gevent.sleep(0.01)
-        answers = []
-        for how in ("whole", "sliced"):
-            if how == "whole":
-                coop.disable()
-            else:
-                coop.enable_gevent()
+        def ticked(how, work):
+            coop.disable() if how == "whole" else coop.enable_gevent()
             first = len(ticks)
-            answers.append(summary.build(models, nodes, replicas, 1.8e9, 30.0))
+            result = work()
             turns = len(ticks) - first
-            gevent.sleep(0.01)
+            gevent.sleep(0.01)                  # the loop's first turn after it
             seen = ticks[first - 1:]
             gap = max(b - a for a, b in zip(seen, seen[1:]))
             print(how, turns, int(gap * 1000))
+            return result
+"""
+
+
+def test_a_catalog_parsed_in_slices_leaves_the_event_loop_serving() -> None:
+    """Parsing a catalog of 1,000 models holds the CPU for about 0.35 s: in one go the
+    worker's event loop stops for all of it; with the worker's checkpoints on the loop has
+    its turn at least every few milliseconds, and the parse's result and errors come back
+    as they would."""
+    out = run_patched(TICKED + """
+        import json
+        from llmgw_runtime.catalog import parse as catalog
+        from llmgw_runtime.errors import CatalogError
+        entries = [{"name": f"m-{i:04d}", "source": f"hf://o/m-{i:04d}/model.gguf",
+                    "engine": "vllm", "profile": {"class": "a100-80g", "gpus": 1},
+                    "replicas": 2} for i in range(1000)]
+        text = json.dumps({"models": entries})
+        for how in ("whole", "sliced"):
+            print("models", len(ticked(how, lambda: catalog.parse(text, {}))))
+        try:
+            catalog.parse("models: [{name: 1}]", {})
+        except CatalogError as exc:
+            print("error", type(exc).__name__)
+    """)
+    whole, count1, sliced, count2, error = out.splitlines()
+    assert count1 == count2 == "models 1000", out
+    _, turns, gap_ms = sliced.split()
+    assert int(whole.split()[1]) <= 1 and int(turns) >= 20, out
+    # Slices of 5 ms; the longest wait left is libyaml composing the document (C, about
+    # 50 ms), plus what a busy machine adds: under the whole parse's (bench/slices_bench.py
+    # measures the requests' latency).
+    assert int(gap_ms) < int(whole.split()[2]), out
+    assert error == "error CatalogError"
+
+
+def test_the_status_summary_of_a_large_fleet_leaves_the_event_loop_serving() -> None:
+    """The summary every status view renders walks every node: at 5,000 nodes about a
+    tenth of a second, which the worker's loop waited for in one go; with the worker's
+    checkpoints on it has its turn between nodes, and the summary is the same."""
+    out = run_patched(TICKED + """
+        from llmgw_runtime.status import summary
+        from tests.status.builders import big_fleet
+        models, nodes, replicas = big_fleet(5000, 1000)
+        answers = [ticked(how, lambda: summary.build(models, nodes, replicas, 1.8e9, 30.0))
+                   for how in ("whole", "sliced")]
         print("same", answers[0] == answers[1])
     """)
     whole, sliced, same = out.splitlines()
