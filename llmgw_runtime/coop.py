@@ -16,7 +16,7 @@ docs/performance.md stop 44): the requests' p99 was 1.3 ms without the parse, 19
 it on a native thread, 231 ms in the request's greenlet in one go, 47 ms in 5 ms slices
 with the loop's turn between them (a pure 0.35 s loop in slices: 13 ms).
 
-So long loops call :func:`checkpoint` (or walk :func:`sliced`): once :data:`SLICE_S` has
+So long loops walk :func:`sliced` (or call :func:`checkpoint`): once :data:`SLICE_S` has
 passed since the loop last had its turn, it gives the loop one turn (a sleep of
 :data:`TURN_S`: the loop serves the connections that are ready, then resumes the work).
 They are a catalog apply's (its parse, the stored models' alias check, its rows, the
@@ -37,15 +37,15 @@ SLICE_S = 0.005     # the most a long loop computes before the event loop gets i
 TURN_S = 0.0001     # a timer this short: the loop polls what is ready, then resumes us
 
 _turn: Callable[[], None] | None = None
-_since = [0.0]      # when the event loop last had its turn (time.perf_counter)
+_since = 0.0        # when the event loop last had its turn (time.perf_counter)
 
 
 def enable(turn: Callable[[], None]) -> None:
     """Give the event loop its turn with ``turn`` from now on (a gevent worker, after
     gevent's patch); ``disable`` undoes it."""
-    global _turn
+    global _turn, _since
     _turn = turn
-    _since[0] = time.perf_counter()
+    _since = time.perf_counter()
 
 
 def disable() -> None:
@@ -65,12 +65,13 @@ def enable_gevent() -> None:
 def checkpoint() -> None:
     """Give the event loop its turn when this work has computed for :data:`SLICE_S` since
     it last had one (a no-op outside a gevent worker)."""
+    global _since
     turn = _turn
     if turn is None:
         return
-    if time.perf_counter() - _since[0] >= SLICE_S:
+    if time.perf_counter() - _since >= SLICE_S:
         turn()
-        _since[0] = time.perf_counter()
+        _since = time.perf_counter()
 
 
 def sliced(items: Iterable[T]) -> Iterable[T]:

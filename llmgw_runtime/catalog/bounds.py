@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from ..coop import checkpoint
+from ..coop import checkpoint, sliced
 from ..errors import CatalogError
 
 # -- the document ----------------------------------------------------------------------------
@@ -139,8 +139,7 @@ def check_structure(text: str, loader: type) -> None:
                           "aliases that repeat other aliases multiply; write the entries "
                           "out, or use an anchor for a small shared part such as a profile")
 
-    for event in yaml.parse(text, Loader=loader):
-        checkpoint()
+    for event in sliced(yaml.parse(text, Loader=loader)):
         if isinstance(event, yaml.ScalarEvent):
             add(1 + len(event.value), 1, event.anchor, event)
         elif isinstance(event, yaml.AliasEvent):

@@ -39,7 +39,7 @@ from ..api.catalog import (
 from ..api.catalog import (
     SHA256_RE as SHA256_PATTERN,
 )
-from ..coop import checkpoint
+from ..coop import sliced
 from ..engines.drivers import args_problem
 from ..engines.owned import owned_flags_in, owned_flags_message
 from ..engines.slots import SLOT_FLAGS, slots_from_args
@@ -371,8 +371,7 @@ def validate(document: Any, others: dict[str, tuple[str, ...]] | None = None
     specs: list[ModelSpec] = []
     every: list[Names] = []
     seen: dict[str, int] = {}
-    for index, raw in enumerate(entries):
-        checkpoint()                    # a gevent worker's loop keeps serving (coop.py)
+    for index, raw in enumerate(sliced(entries)):   # a gevent worker's loop keeps serving
         spec, names = _entry(problems, index, raw)
         if names is not None and names.name not in seen:
             every.append(names)

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 from ..api.admin import ModelChange, RolloutStatus, VersionTally
 from ..api.catalog import ModelSpec
 from ..api.states import ReplicaState
-from ..coop import checkpoint
+from ..coop import sliced
 from ..errors import ConflictError, NotFoundError
 from ..store import repo
 from ..store.models import row_to_spec
@@ -36,8 +36,7 @@ def apply_specs(conn: Connection, specs: list[ModelSpec], now: float,
     result["changes"] = {name: ModelChange(
         fields=catalog_diff.field_changes(row_to_spec(rows[name]), by_name[name]),
         replaces=replaces.get(name, [])) for name in result["updated"]}
-    for spec in specs:
-        checkpoint()            # a gevent worker's loop keeps serving (llmgw_runtime/coop.py)
+    for spec in sliced(specs):  # a gevent worker's loop keeps serving (llmgw_runtime/coop.py)
         old = rows.get(spec.name)
         if new_definition(getattr(old, "definition_hash", None), spec.definition_hash):
             repo.update_model(conn, spec.name, **unpark_values())
@@ -57,8 +56,7 @@ def start_rollouts(conn: Connection, before: dict[str, Any], specs: list[ModelSp
         if rep.desired and rep.state != ReplicaState.FAILED and not drain.is_draining(rep):
             serving.setdefault(rep.model, []).append(rep)
     rolls: dict[str, list[str]] = {}
-    for spec in specs:
-        checkpoint()
+    for spec in sliced(specs):
         old = before.get(spec.name)
         if old is None or old.definition_hash == spec.definition_hash:
             continue

@@ -22,7 +22,7 @@ A gevent worker serves every connection on one thread, so nothing may block it:
   socket ends the wait on it.
 - Long CPU work (a catalog apply of 1,000 models: about half a second) computes in slices
   of at most 5 ms, the loop serving what is ready between them (``llmgw_runtime/coop.py``:
-  its loops call ``checkpoint``). A native thread does not help: it and the loop share
+  its loops walk ``sliced``). A native thread does not help: it and the loop share
   the interpreter's lock, which the loop gives up at every system call.
 - SQLite does not run here: its writes lock the file, and a wait for that lock inside
   sqlite3 would stall every connection of the worker. ``control/serve.py`` runs gthread

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..api.catalog import ModelSpec
-from ..coop import checkpoint
+from ..coop import sliced
 from .db import fleet_changed, generation
 from .leases import holds_lease as holds_lease
 from .leases import lease_holder as lease_holder
@@ -71,8 +71,7 @@ def apply_catalog(conn: Connection, specs: list[ModelSpec], now: float,
     (deleted ones too) as this transaction read them (:func:`all_models`), else read here."""
     existing = {r.name: r for r in (all_models(conn) if stored is None else stored)}
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "deleted": []}
-    for spec in specs:
-        checkpoint()            # a gevent worker's loop keeps serving (llmgw_runtime/coop.py)
+    for spec in sliced(specs):  # a gevent worker's loop keeps serving (llmgw_runtime/coop.py)
         row = existing.get(spec.name)
         if row is not None and row.deleted_at is None and spec_of(row) == spec:
             result["unchanged"].append(spec.name)   # most entries: not even serialised
