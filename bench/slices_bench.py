@@ -82,7 +82,10 @@ worker = Worker()
 
 def serve(sock, addr):
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    Connection(worker, sock, addr, listener).serve()
+    try:
+        Connection(worker, sock, addr, listener).serve()
+    except OSError:
+        pass                    # the load tool closed its connections: the way is done
 
 while True:
     sock, addr = listener.accept()
