@@ -66,6 +66,53 @@ def test_every_device_held_counts_a_shared_one_split_a_silent_node_none() -> Non
         ("edge", "cpu"): pytest.approx(1 / 3), ("wide", "(unknown)"): 1}
 
 
+def test_the_clock_counts_what_is_held_now_whatever_moved_between_its_passes() -> None:
+    """The clock makes what is held again only when what it reads moved (a steady fleet
+    of 10,000 nodes spared 20-35 ms a pass): after every random change the held devices
+    are what a fresh count gives."""
+    import random
+
+    rnd = random.Random(7)
+    clock = gpu_hours.DeviceClock(ControlConfig(node_timeout_s=30))
+    nodes = {n: _node(n, _gpus(rnd.choice(["h100-80g", "t4-16g"]), 2)) for n in "abcd"}
+    replicas = {f"r{i}": _replica(f"r{i}", rnd.choice(["x", "y"]), rnd.choice("abcd"),
+                                  [rnd.randrange(2)]) for i in range(6)}
+    parts: dict[str, list[Any]] = {}
+    now, recounts = T0, 0
+    for step in range(300):
+        now += 0.1                # the clock writes once a minute: not in this test
+        change = rnd.randrange(8)
+        rid, name = rnd.choice(sorted(replicas)), rnd.choice("abcd")
+        node = nodes[name]
+        if change == 0:           # a state, holding or not
+            replicas[rid] = SimpleNamespace(**{**vars(replicas[rid]), "state": rnd.choice(
+                ["ready", "starting", "unreachable", "failed", "stopping"])})
+        elif change == 1:         # a node that stops or starts reporting
+            node.last_report = now - rnd.choice([0, 31])
+        elif change == 2:         # new readings: the same classes, another text
+            devices = json.loads(node.devices)
+            devices[0]["temperature_c"] = step
+            node.devices = json.dumps(devices)
+        elif change == 3:         # the node's classes moved (MIG made, a card swapped)
+            node.devices = json.dumps(_gpus(rnd.choice(["h100-80g", "a100-80g"]), 2))
+        elif change == 4:         # a worker part comes or goes
+            if rid in parts:
+                del parts[rid]
+            else:
+                parts[rid] = [SimpleNamespace(node=name, devices="[1]")]
+        elif change == 5:         # a replica moves to other devices, or to another model
+            replicas[rid] = SimpleNamespace(**{**vars(replicas[rid]), "devices": "[0, 1]",
+                                               "model": rnd.choice(["x", "y", "z"])})
+        else:                     # reports with nothing new
+            node.last_report = now
+        rows = list(replicas.values())
+        before = clock.held
+        clock.observe(None, now, list(nodes.values()), (rows, parts))
+        assert clock.held == gpu_hours.held(rows, parts, nodes.values(), now, 30), step
+        recounts += clock.held is not before
+    assert 0 < recounts < 300            # it did keep its count across some passes
+
+
 def test_an_interval_is_split_at_the_hour_and_a_gap_counted_up_to_the_bound() -> None:
     assert gpu_hours.split(T0 - 100, T0 + 50, {("m", "h100-80g"): 2, ("x", "cpu"): 0}) == {
         (T0 - H, "m", "h100-80g"): 200.0, (T0, "m", "h100-80g"): 100.0}
