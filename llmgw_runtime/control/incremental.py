@@ -114,16 +114,21 @@ def _patched(row: SimpleNamespace, values: dict[str, Any]) -> SimpleNamespace:
 
 def _narrow(conn: Connection, table: Any, key: str, columns: tuple[str, ...]
             ) -> dict[Any, tuple[Any, ...]]:
-    """``key`` -> (key, *columns) of every row of ``table``, read through the driver's own
-    cursor: plain tuples (thousands of rows each pass)."""
+    """``key`` -> (key, *columns) of every row of ``table`` (:func:`_narrow_rows`)."""
+    return {values[0]: values for values in _narrow_rows(conn, table, key, columns)}
+
+
+def _narrow_rows(conn: Connection, table: Any, key: str, columns: tuple[str, ...]
+                 ) -> list[tuple[Any, ...]]:
+    """(key, *columns) of every row of ``table``, read through the driver's own cursor:
+    plain tuples (thousands of rows each pass)."""
     sql = str(sa.select(table.c[key], *(table.c[c] for c in columns))
               .compile(dialect=conn.dialect))
     cursor = conn.connection.cursor()
     try:
         with waiting(conn):               # bounded as a statement is, under a web request
             cursor.execute(sql)
-            rows = cursor.fetchall()
-        return {values[0]: values for values in rows}
+            return list(cursor.fetchall())
     finally:
         cursor.close()
 
@@ -322,9 +327,7 @@ class View:
                 self.nodes = {k: v for k, v in self.nodes.items() if k in self.reports}
                 self._read_nodes(conn, set(self.reports) - set(self.nodes))
         else:
-            self.nodes, new_nodes = self._columns(
-                conn, nodes_table, "name", NODE_VOLATILE, self.nodes, in_place=True)
-            self._read_nodes(conn, new_nodes)
+            self._read_nodes(conn, self._reports(conn))
         before = {n: m.definition_hash for n, m in self.models.items()}
         self.models, new_models = self._columns(
             conn, models_table, "name", MODEL_VOLATILE, self.models)
@@ -342,16 +345,34 @@ class View:
             self._ordered = None
         self._read_replicas(conn, new_replicas)
 
+    def _reports(self, conn: Connection) -> set[str]:
+        """Every node's report columns (``NODE_VOLATILE``) as stored now, set into its
+        record in place (half the nodes report each pass, and the planner's node memo
+        knows a record it saw before by its identity and report time, control/snapshot.py
+        ``NodeMemo``); a node gone leaves. Returns the names stored that the view lacks.
+        Set without comparing: at 10,000 nodes the compare with the last read cost more
+        than the setting."""
+        nodes = self.nodes
+        new = set()
+        found = _narrow_rows(conn, nodes_table, "name", NODE_VOLATILE)
+        for name, last_report, plan_problem in found:
+            row = nodes.get(name)
+            if row is None:
+                new.add(name)
+            else:
+                row.last_report, row.plan_problem = last_report, plan_problem
+        if len(found) - len(new) != len(nodes):         # a node went
+            stored = {values[0] for values in found}
+            self.nodes = {k: v for k, v in nodes.items() if k in stored}
+        return new
+
     def _columns(self, conn: Connection, table: Any, key: str, columns: tuple[str, ...],
-                 rows: dict[str, SimpleNamespace], in_place: bool = False
+                 rows: dict[str, SimpleNamespace]
                  ) -> tuple[dict[str, SimpleNamespace], set[str]]:
         """``rows`` with ``columns`` as stored now (the same dict when none moved and no
         row went), and the keys stored that ``rows`` lacks. Each row's values
         (``_narrow``) are compared with what the previous read of the table found, and only
-        a tuple that differs patched into its row: into a copy, or with ``in_place`` into
-        the record itself (nodes: half of them report each pass, and the planner's node
-        memo knows a record it saw before by its identity and report time,
-        control/snapshot.py ``NodeMemo``)."""
+        a tuple that differs patched into a copy of its row."""
         found = _narrow(conn, table, key, columns)
         last = self._last.get(table.name, {})
         self._last[table.name] = found
@@ -363,9 +384,6 @@ class View:
                 continue
             if row is None:
                 new.add(name)
-            elif in_place:
-                for c, v in zip(columns, values[1:], strict=True):
-                    setattr(row, c, v)
             elif any(getattr(row, c) != v for c, v in zip(columns, values[1:], strict=True)):
                 moved[name] = _patched(row, dict(zip(columns, values[1:], strict=True)))
         if not moved and len(found) - len(new) == len(rows):

@@ -146,6 +146,10 @@ def _values(row: Any) -> Any:
 DECODED = Decoded()
 
 
+# what Held.fleet answers: models (not deleted), nodes, replicas, their parts, the reports
+Fleet = tuple[list[Any], list[Any], list[Any], dict[str, list[Any]], dict[str, tuple[Any, ...]]]
+
+
 class Held:
     """The fleet as this process last read it for a summary (``incremental.View``), one per
     store. Requests take turns to bring it up to date; each gets lists of its own.
@@ -159,9 +163,7 @@ class Held:
         self._lock = threading.Lock()
         self._views: weakref.WeakKeyDictionary[Engine, View] = weakref.WeakKeyDictionary()
 
-    def fleet(self, conn: Connection) -> tuple[list[Any], list[Any], list[Any],
-                                                 dict[str, list[Any]],
-                                                 dict[str, tuple[Any, ...]]]:
+    def fleet(self, conn: Connection) -> Fleet:
         """Models (not deleted), nodes, replicas and their parts as ``conn`` reads them,
         in ``repo.list_*``'s order; and the nodes' reports (``View.reports``: their own
         report times and problems are not kept up to date)."""

@@ -46,13 +46,20 @@ def test_the_summary_view_answers_what_the_fleet_layer_does(api: Api) -> None:
         with api.store.begin() as conn:
             now = time.time()
             parts = repo.parts_by_replica(conn)
-            # the history's minute sample reads through the kept fleet too
+            # the history's minute samples read through the kept fleet too
+            held = summary_view.HELD.fleet(conn)
             plain = [fleet.node_view(row) for row in repo.list_nodes(conn)]
-            assert history.class_samples(conn, now, settings.node_timeout_s) \
+            assert history.class_samples(held, now, settings.node_timeout_s) \
                 == history.class_counts(plain, [fleet.replica_view(r, parts.get(r.id), now)
                                                 for r in repo.list_replicas(conn)], now,
                                         settings.node_timeout_s,
                                         [repo.model_to_dict(m) for m in repo.list_models(conn)])
+            samples = history.model_samples(held[0], held[2], now)
+            assert samples == history.model_samples(repo.list_models(conn),
+                                                    repo.list_replicas(conn), now)
+            shown = {m["name"]: m for m in fleet.models_view(conn, now)}
+            assert samples and all((s["ready"], s["wanted"]) == (
+                shown[s["model"]]["ready"], shown[s["model"]]["wanted"]) for s in samples)
             for rep in repo.list_replicas(conn):
                 assert summary_view.DECODED.replica(rep, parts.get(rep.id), now) \
                     == fleet.replica_view(rep, parts.get(rep.id), now)
