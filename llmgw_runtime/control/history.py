@@ -236,7 +236,7 @@ def class_counts(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]], no
             for klass, c in by_class.items()]
 
 
-def class_samples(held: summary_view.Fleet, now: float, node_timeout_s: float
+def class_samples(held: summary_view.HeldRows, now: float, node_timeout_s: float
                   ) -> list[dict[str, Any]]:
     """:func:`class_counts` of the fleet as the status summary reads it
     (control/summary_view.py ``HELD.fleet``): the process's kept fleet, so a minute's

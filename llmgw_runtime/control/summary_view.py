@@ -147,7 +147,7 @@ DECODED = Decoded()
 
 
 # what Held.fleet answers: models (not deleted), nodes, replicas, their parts, the reports
-Fleet = tuple[list[Any], list[Any], list[Any], dict[str, list[Any]], dict[str, tuple[Any, ...]]]
+HeldRows = tuple[list[Any], list[Any], list[Any], dict[str, list[Any]], dict[str, tuple[Any, ...]]]
 
 
 class Held:
@@ -163,7 +163,7 @@ class Held:
         self._lock = threading.Lock()
         self._views: weakref.WeakKeyDictionary[Engine, View] = weakref.WeakKeyDictionary()
 
-    def fleet(self, conn: Connection) -> Fleet:
+    def fleet(self, conn: Connection) -> HeldRows:
         """Models (not deleted), nodes, replicas and their parts as ``conn`` reads them,
         in ``repo.list_*``'s order; and the nodes' reports (``View.reports``: their own
         report times and problems are not kept up to date)."""
