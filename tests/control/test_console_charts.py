@@ -39,8 +39,10 @@ def at(points: list[list[Any]], t: float) -> Any:
     return next(v for when, v in points if when == t)
 
 
-def seed(api: Api) -> float:
-    """Rows of the last hours as the control service writes them; the store's minute."""
+def seed(api: Api) -> tuple[float, float]:
+    """Rows of the last hours as the control service writes them; the store's minute (two
+    minutes back) and hour (the current one: in an hour's first two minutes the minute is
+    of the hour before)."""
     assert api.call("PUT", "/api/v1/catalog", data=CATALOG).status_code == 200
     with api.store.begin() as conn:
         now = api.store.clock(conn)
@@ -59,12 +61,11 @@ def seed(api: Api) -> float:
              "completion_tokens": 10} for k, p in (("alice", 900), (HOSTILE_KEY, 50))])
         conn.execute(device_time.insert(), [
             {"bucket": hour, "model": "tiny", "device_class": "cpu", "seconds": 5400.0}])
-    return minute
+    return minute, hour
 
 
 def test_charts_draw_the_numbers_the_store_holds(api: Api) -> None:
-    minute = seed(api)
-    hour = math.floor(minute / 3600) * 3600
+    minute, hour = seed(api)
     assert login(api).status_code == 303
 
     summary = api.client.get("/console/")
