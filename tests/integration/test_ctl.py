@@ -4,6 +4,7 @@ apply with bad input, API keys that the router then requires."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import openai
@@ -86,10 +87,17 @@ def test_llmgw_status_watch_redraws_until_interrupted(cluster: Cluster) -> None:
     assert exe, "llmgw-status is not installed in the venv (pip install -e .)"
     proc = subprocess.Popen([exe, "--url", cluster.control_url, "--token",
                              cluster.admin_token, "--watch", "--interval", "0.5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        # once, in a loaded rehearsal, it went on past Ctrl-C: say where it was
+        proc.send_signal(signal.SIGABRT)          # faulthandler prints every thread
+        out, err = proc.communicate(timeout=10)
+        pytest.fail(f"llmgw-status went on 10 s after Ctrl-C; its threads then:\n{err[-4000:]}")
     assert proc.returncode == 0, err
     assert out.count("Ctrl-C ends") >= 2 and out.count("capacity:") >= 2
     assert "Traceback" not in err
