@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -309,6 +310,8 @@ def status(ctx: click.Context, fmt: str, watch: bool, interval: float,
     if color is None:
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     api = client(ctx)
+    if watch:
+        ctrl_c_ends()
     try:
         while True:
             data = api.get(path)
@@ -329,6 +332,17 @@ def status(ctx: click.Context, fmt: str, watch: bool, interval: float,
             time.sleep(interval)
     except KeyboardInterrupt:
         return
+
+
+def ctrl_c_ends() -> None:
+    """Ctrl-C ends a watch even when this process was started with SIGINT ignored or
+    blocked, which a child inherits: a background job of a script, or a parent that was
+    in C's system() at that moment (Python then leaves it ignored; ``llmgw up`` does the
+    same). Seen once in two rehearsals: a watch started by a test went on past its
+    SIGINT, asleep between redraws."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def every_node(listed: list[dict[str, Any]], width: int) -> str:
