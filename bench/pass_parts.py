@@ -70,15 +70,6 @@ def timed(spent: dict[str, float]) -> None:
         setattr(where, name, wrapper)
 
 
-def speed_ms() -> float:
-    best = float("inf")
-    for _ in range(3):
-        started = time.process_time()
-        sum(i * i for i in range(3_000_000))
-        best = min(best, time.process_time() - started)
-    return best * 1000
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=10000)
@@ -93,6 +84,7 @@ def main() -> int:
 
     import llmgw_runtime
     from bench import planner_bench, reconcile_bench
+    from bench.control_bench import machine_speed_ms as speed_ms
     from llmgw_runtime import gckeeper
     from llmgw_runtime.control import fleet
     from llmgw_runtime.control.config import ControlConfig
