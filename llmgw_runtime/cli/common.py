@@ -5,6 +5,7 @@ the same definition the control service parses the body with."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -49,6 +50,18 @@ def show(data: Any, rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: 
     ``optional`` columns go first."""
     safe = [[printable(c) if isinstance(c, str) else c for c in row] for row in rows]
     emit(data, safe, headers, fmt, optional=optional)
+
+
+def ctrl_c_ends() -> None:
+    """Ctrl-C ends a watch even when this process was started with SIGINT ignored or
+    blocked, which a child inherits: a background job of a script, or a parent that was
+    in C's system() at that moment (Python then leaves it ignored; ``llmgw up`` does the
+    same). Every watch calls it (``ctl status --watch``, ``ctl rollout status --watch``):
+    in two rehearsals a status watch started by a test went on past its SIGINT, asleep
+    between redraws."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def say(text: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -18,7 +17,7 @@ from ..status.summary import location
 from ..status.telling import telling_line
 from ..text import printable_doc
 from .client import DEFAULT_URL, ApiError
-from .common import client, part, say, show
+from .common import client, ctrl_c_ends, part, say, show
 from .keys import keys
 from .lazy import lazy
 from .nodes import node_lines, node_rows, nodes  # noqa: F401 - node_rows: ctl's listing
@@ -332,17 +331,6 @@ def status(ctx: click.Context, fmt: str, watch: bool, interval: float,
             time.sleep(interval)
     except KeyboardInterrupt:
         return
-
-
-def ctrl_c_ends() -> None:
-    """Ctrl-C ends a watch even when this process was started with SIGINT ignored or
-    blocked, which a child inherits: a background job of a script, or a parent that was
-    in C's system() at that moment (Python then leaves it ignored; ``llmgw up`` does the
-    same). Seen once in two rehearsals: a watch started by a test went on past its
-    SIGINT, asleep between redraws."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def every_node(listed: list[dict[str, Any]], width: int) -> str:

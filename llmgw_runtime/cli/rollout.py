@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from ..status.render import duration, table
-from .common import client, part, say
+from .common import client, ctrl_c_ends, part, say
 from .lazy import lazy
 from .output import output_option, terminal_width
 
@@ -48,6 +48,7 @@ def rollout_status(ctx: click.Context, model: str, watch: bool, fmt: str) -> Non
             say(line)
     if not watch:
         return
+    ctrl_c_ends()
     end = follow(lambda: api.get(path, answer=messages.RolloutStatus), doc)
     if end["state"] == "failed":
         raise click.ClickException(f"rollout of {model} failed: {end.get('error') or '?'}; "
