@@ -44,7 +44,7 @@ PARTS = [  # (module, owner, name): what is timed
     ("llmgw_runtime.control.steps", "Pass", "finish"),
     ("llmgw_runtime.control.decide", None, "_reasons"),
     ("llmgw_runtime.control.gpu_hours", "DeviceClock", "observe"),
-    ("llmgw_runtime.control.gpu_hours", None, "held"),
+    ("llmgw_runtime.control.gpu_hours", "DeviceClock", "_count"),
 ]
 
 

@@ -39,7 +39,7 @@ from typing import Any, cast
 from ..api.usage import DeviceHoursBy, DeviceHoursList, DeviceHoursRow
 from ..errors import StoreError
 from ..fleetvocab import ACTIVE, heard_from
-from ..store import devicetime, repo
+from ..store import devicetime
 from ..store.devicetime import Bucket, DeviceTime
 from ..store.usage import HOUR_S, RETENTION_S, bucket_of
 from .config import ControlConfig
@@ -137,36 +137,58 @@ def held(replicas: Iterable[Any], parts: Mapping[str, list[Any]], nodes: Iterabl
     """The devices each model holds now, by (model, device class): rows as the store
     holds them (``repo.list_replicas``, ``parts_by_replica``, ``list_nodes``). A device
     shared by n counted replicas counts 1/n for each."""
-    alive = {node.name: node for node in nodes
-             if heard_from(node.last_report, now, node_timeout_s)}
-    users: dict[tuple[str, int], list[str]] = defaultdict(list)
+    alive = _alive(nodes, now, node_timeout_s)
+    return _total({name: _node_held(_classes(alive[name]), pieces)
+                   for name, pieces in _pieces(replicas, parts).items() if name in alive})
+
+
+def _alive(nodes: Iterable[Any], now: float, node_timeout_s: float) -> dict[str, Any]:
+    """The nodes heard from (a silent node's devices hold nothing for anyone)."""
+    return {node.name: node for node in nodes
+            if heard_from(node.last_report, now, node_timeout_s)}
+
+
+Piece = tuple[str, Any]         # (model, the devices text of a replica or part)
+
+
+def _pieces(replicas: Iterable[Any], parts: Mapping[str, list[Any]]
+            ) -> dict[str, list[Piece]]:
+    """What the holding replicas (their worker parts too) hold, by node: (model,
+    devices) in replica order."""
+    out: dict[str, list[Piece]] = defaultdict(list)
     for r in replicas:
         if r.state not in HOLDING:
             continue
-        pieces = [(r.node, r.devices)] + [(p.node, p.devices) for p in parts.get(r.id, [])]
-        for node, devices in pieces:
-            if node in alive:
-                for d in _ids(devices):
-                    users[(node, d)].append(r.model)
+        out[r.node].append((r.model, r.devices))
+        for p in parts.get(r.id, ()):
+            out[p.node].append((r.model, p.devices))
+    return out
+
+
+def _node_held(classes: Mapping[int, str], pieces: list[Piece]
+               ) -> dict[tuple[str, str], float]:
+    """What one node's ``pieces`` hold, by (model, class of the device)."""
+    users: dict[int, list[str]] = defaultdict(list)
+    for model, devices in pieces:
+        for d in _ids(devices):
+            users[d].append(model)
     out: dict[tuple[str, str], float] = defaultdict(float)
-    for (node, d), models in users.items():
-        klass = _classes(alive[node]).get(d, UNKNOWN_CLASS)
+    for d, models in users.items():
+        klass = classes.get(d, UNKNOWN_CLASS)
         for model in models:
             out[(model, klass)] += 1 / len(models)
+    return out
+
+
+def _total(by_node: Mapping[str, Mapping[tuple[str, str], float]]
+           ) -> dict[tuple[str, str], float]:
+    """The nodes' counts summed, in node name order (the same sum whatever order the
+    replicas came in)."""
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for name in sorted(by_node):
+        for key, count in by_node[name].items():
+            out[key] += count
     return dict(out)
-
-
-def held_inputs(replicas: list[Any], parts: Mapping[str, list[Any]], nodes: list[Any],
-                now: float, node_timeout_s: float) -> tuple[Any, ...]:
-    """What :func:`held` reads, as a key equal from one pass to the next while its answer
-    stays: each holding replica's model and devices (its parts' too), and the device
-    classes of each node heard from (new readings of a node, a temperature, keep them). At
-    10,000 nodes it costs a fifth of ``held`` itself (20-35 ms a pass, for an answer that
-    moves only when a replica does)."""
-    return ([(r.model, r.node, r.devices, [(p.node, p.devices) for p in parts[r.id]]
-              if r.id in parts else None) for r in replicas if r.state in HOLDING],
-            {n.name: _classes(n) for n in nodes
-             if heard_from(n.last_report, now, node_timeout_s)})
 
 
 def split(start: float, end: float,
@@ -209,31 +231,51 @@ class DeviceClock:
         self.flushed: float | None = None       # when pending was last written
         self.pruned: float | None = None
         self.unwritten = False                  # a flush failed (warned once)
-        self._inputs: tuple[Any, ...] | None = None     # what ``held`` was made of
+        # each node's count, with the classes and pieces it was made of (:meth:`_count`)
+        self._by_node: dict[str, tuple[Mapping[int, str], list[Piece],
+                                       dict[tuple[str, str], float]]] = {}
 
     def observe(self, conn: Any, now: float, nodes: Iterable[Any],
-                replicas: tuple[list[Any], Mapping[str, list[Any]]] | None = None) -> None:
+                replicas: tuple[Iterable[Any], Mapping[str, list[Any]]]) -> None:
         """One pass, leading (``conn``: its transaction, the lease held, after the pass's
-        changes; ``nodes``: the node rows the pass read): count the time since the
-        previous pass with the devices held then, see what is held now (the replicas as
-        the pass left them: ``replicas``, the rows and parts it read when it wrote none,
-        else read again in ``conn``); write when a minute is up."""
+        changes; ``nodes``: the node rows the pass read; ``replicas``: the replicas that
+        hold devices as the pass left them, and their worker parts,
+        control/reconcile.py ``holding_after``): count the time since the previous pass
+        with the devices held then, see what is held now; write when a minute is up."""
         interval = counted(self.last, now, self.bound_s)
         if interval is not None:
             for bucket, seconds in split(*interval, self.held).items():
                 self.pending[bucket] = self.pending.get(bucket, 0.0) + seconds
         self.last = now
-        rows, parts = replicas if replicas is not None else (repo.list_replicas(conn),
-                                                             repo.parts_by_replica(conn))
-        nodes = list(nodes)
-        key = held_inputs(rows, parts, nodes, now, self.node_timeout_s)
-        if key != self._inputs:
-            self.held = held(rows, parts, nodes, now, self.node_timeout_s)
-            self._inputs = key
+        self._count(*replicas, nodes, now)
         if self.flushed is None:
             self.flushed = now
         if now - self.flushed >= FLUSH_EVERY_S:
             self._write(conn, now)
+
+    def _count(self, rows: Iterable[Any], parts: Mapping[str, list[Any]],
+               nodes: Iterable[Any], now: float) -> None:
+        """``held`` as :func:`held` counts it, with each node counted again only when its
+        device classes or what its replicas hold there moved (new readings of a node, a
+        temperature, keep its classes; a restart from ready to starting keeps a replica
+        holding): at 10,000 nodes a pass that starts one replica counts one node, not
+        4,000 (40 ms)."""
+        alive = _alive(nodes, now, self.node_timeout_s)
+        kept = {}
+        moved = False
+        for name, pieces in _pieces(rows, parts).items():
+            node = alive.get(name)
+            if node is None:
+                continue
+            classes = _classes(node)
+            hit = self._by_node.get(name)
+            if hit is None or hit[1] != pieces or hit[0] != classes:
+                hit = (classes, pieces, _node_held(classes, pieces))
+                moved = True
+            kept[name] = hit
+        if moved or kept.keys() != self._by_node.keys():
+            self.held = _total({name: hit[2] for name, hit in kept.items()})
+        self._by_node = kept
 
     def _write(self, conn: Any, now: float) -> None:
         # In the pass's transaction: if it fails to commit, that minute is lost (not
@@ -249,7 +291,7 @@ class DeviceClock:
         """Write what is pending in a transaction of its own (leadership lost, or the
         reconciler stopping); the next pass that leads starts counting afresh. A store
         that fails keeps it pending."""
-        self.last, self.held, self._inputs = None, {}, None
+        self.last, self.held, self._by_node = None, {}, {}
         if not self.pending:
             return
         try:

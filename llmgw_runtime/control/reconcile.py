@@ -21,10 +21,11 @@ import sys
 import threading
 import time
 import uuid
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 from .. import gckeeper
+from ..api.states import ReplicaState
 from ..errors import StoreError
 from ..store import Store, changes, repo
 from . import fleet, history
@@ -90,12 +91,27 @@ def holding_nodes(seen: Fleet, decided: Changes) -> list[Any]:
     return [seen.nodes[n] for n in names if n in seen.nodes]
 
 
-def writes_replicas(decided: Changes) -> bool:
-    """Whether a pass changes any replica row (else the replicas it read are the ones it
-    leaves, and the device clock need not read them again: a tenth of a pass at 2,000
-    nodes)."""
-    return bool(decided.delete_replicas or decided.starts or decided.stops
-                or decided.drains or decided.undrains)
+def holding_after(seen: Fleet, decided: Changes
+                  ) -> tuple[list[Any], dict[str, list[Any]]]:
+    """The replicas that hold devices once the pass's changes are written (with their
+    worker parts), made from what it read and what it decided, as ``fleet.write`` writes
+    it: deleted rows go, a stopped replica is ``stopping`` (holding nothing), a start is a
+    ``pending`` replica on its devices; drains and undrains keep a replica's state. The
+    device clock counts with these instead of reading every replica again after a pass
+    that changed some (40 ms at 10,000 nodes, in each pass that starts or stops one)."""
+    gone = {*decided.delete_replicas, *(rid for rid, _ in decided.stops)}
+    rows: list[Any] = [r for r in seen.replicas if r.id not in gone]
+    parts = seen.parts
+    if decided.starts:
+        parts = dict(parts)
+        for start in decided.starts:
+            rows.append(SimpleNamespace(id=start.replica_id, model=start.model,
+                                        node=start.node, devices=start.devices,
+                                        state=ReplicaState.PENDING))
+            if start.parts:
+                parts[start.replica_id] = [SimpleNamespace(node=node, devices=devices)
+                                           for _, node, devices in start.parts]
+    return rows, parts
 
 
 class Reconciler:
@@ -142,8 +158,7 @@ class Reconciler:
                     return False
                 decided, seen = fleet.reconcile(conn, now, self.settings, view=self.view)
                 self.device_clock.observe(conn, now, holding_nodes(seen, decided),
-                                          None if writes_replicas(decided)
-                                          else (seen.replicas, seen.parts))
+                                          holding_after(seen, decided))
                 if self._pruned is None or now - self._pruned >= PRUNE_EVERY_S:
                     changes.prune(conn, now)
                     self._pruned = now

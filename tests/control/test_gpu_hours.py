@@ -19,7 +19,7 @@ from llmgw_runtime.control.reconcile import Reconciler
 from llmgw_runtime.devices.fake_nvml import FakeNvml, h100_card, t4_card
 from llmgw_runtime.devices.nvml import NvmlSource
 from llmgw_runtime.security import hash_token
-from llmgw_runtime.store import Store, devicetime
+from llmgw_runtime.store import Store, devicetime, repo
 
 from .conftest import ADMIN, CPU, JOIN, ROUTER, Api
 
@@ -267,22 +267,30 @@ def test_a_store_that_fails_keeps_the_count_for_the_next_try(tmp_path: Any) -> N
     assert clock.pending == {(T0, "chat", "h100-80g"): 5.0} and clock.unwritten
 
 
-def test_a_pass_that_writes_no_replica_counts_from_the_rows_it_read(
-        priced: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_after_each_pass_the_clock_holds_what_the_store_holds(priced: Any) -> None:
+    """The clock counts with the replicas as the pass leaves them, made from what it read
+    and decided (not read again): after passes that start replicas, delete them (their
+    agent no longer runs them) and stop one (its model left the catalog), what it holds is
+    what a count of the store's rows gives."""
     api, clock = priced
-    assert api.call("PUT", "/api/v1/catalog", data=CATALOG).status_code == 200
+    assert api.call("PUT", "/api/v1/catalog", data=BOTH).status_code == 200
     creds = {"n1": api.join("n1"), "n2": api.join("n2")}
-    _pass(api, clock, T0 - 1800, creds)             # places chat: its rows read again
-    reads: list[int] = []
-    real = gpu_hours.repo.list_replicas
-
-    def counting(conn: Any, **kw: Any) -> Any:
-        if not kw:                                  # every replica (not a node's)
-            reads.append(1)
-        return real(conn, **kw)
-
-    monkeypatch.setattr(gpu_hours.repo, "list_replicas", counting)
-    monkeypatch.setattr(api.reconciler.history, "tick", lambda *a: None)  # its own reads
-    _pass(api, clock, T0 - 900, creds)              # nothing to change: the view's rows
-    assert reads == []
-    assert api.reconciler.device_clock.held == {("chat", "h100-80g"): 1.0}
+    seen = []
+    for step, at in enumerate(range(int(T0 - 1800), int(T0 - 1700), 10)):
+        if step == 3:     # embed leaves the catalog while pending: its replica stops
+            assert api.call("PUT", "/api/v1/catalog?prune=true",
+                            data=CATALOG).status_code == 200
+            clock[0] = at
+            assert api.reconciler.run_cycle()
+        else:             # replicas the agents no longer run go, new ones are placed
+            _pass(api, clock, at, creds)
+        with api.store.begin() as conn:
+            stored = gpu_hours.held(repo.list_replicas(conn), repo.parts_by_replica(conn),
+                                    repo.list_nodes(conn), at, api.config.node_timeout_s)
+            states = sorted((r.model, r.state) for r in repo.list_replicas(conn))
+        assert api.reconciler.device_clock.held == stored, (step, states)
+        seen.append((states, stored))
+    assert seen[0] == ([("chat", "pending"), ("embed", "pending")],
+                       {("chat", "h100-80g"): 1.0, ("embed", "t4-16g"): 1.0})
+    assert any(("embed", "stopping") in states and ("embed", "t4-16g") not in held
+               for states, held in seen)
