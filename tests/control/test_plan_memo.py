@@ -12,7 +12,17 @@ from types import SimpleNamespace
 from llmgw_runtime.control import snapshot
 from llmgw_runtime.placement import place
 
-from ..placement.builders import NOW, as_running, gpus, node, rep, small_fleet, snap, want
+from ..placement.builders import (
+    NOW,
+    as_running,
+    gpu,
+    gpus,
+    node,
+    rep,
+    small_fleet,
+    snap,
+    want,
+)
 
 
 def moved(s, seconds: float, names: set[str] | None = None):
@@ -91,6 +101,65 @@ def test_the_memo_answers_what_placement_does_over_a_random_walk() -> None:
             s = replace(s, models=tuple(models))
         assert memo.place(s) == place(s)
     assert 1 < memo.placed < 60
+
+
+def test_a_replica_state_placement_does_not_read_places_nothing_again() -> None:
+    """Seeded walk over a running fleet: replicas restart (ready, starting, ready), start
+    (pending, fetching), fail, stop, start later; nodes go silent past replace_after_s
+    (their replicas are replaced) and come back; models want fewer (the least useful stop
+    first: readiness and start time count) or more than fits (a memory model's reason
+    names the largest free memory, which a replica not ready yet reserves). Placement
+    reads a replica's state only as active or not, and its readiness and start only for a
+    model with memory_gb or with more replicas than it wants (``replica_inputs``): the memo
+    places again only when those moved, and its plan is placement's after every step."""
+    rnd = random.Random(17)
+    memo = snapshot.PlanMemo()
+    s = small_fleet(seed=9, size=12)
+    s = as_running(s, place(s))
+    copies = 0
+    for step in range(300):
+        roll = rnd.random()
+        reps, models, nodes = list(s.replicas), list(s.models), list(s.nodes)
+        i = rnd.randrange(len(reps))
+        if roll < 0.6:
+            reps[i] = replace(reps[i], state=rnd.choice(
+                ["ready", "ready", "starting", "fetching", "pending", "unreachable", "failed",
+                 "stopping"]))
+        elif roll < 0.75:
+            reps[i] = replace(reps[i], started=reps[i].started + rnd.choice([-50.0, 50.0]))
+        elif roll < 0.8:
+            reps[i] = replace(reps[i], counts=not reps[i].counts)
+        elif roll < 0.85:         # a node silent past replace_after_s, or back
+            k = rnd.randrange(len(nodes))
+            nodes[k] = replace(nodes[k], last_report=NOW - rnd.choice([1.0, 200.0]))
+        else:
+            j = rnd.randrange(len(models))
+            models[j] = replace(models[j], wanted=rnd.randint(0, 9))
+        s = replace(s, replicas=tuple(reps), models=tuple(models), nodes=tuple(nodes))
+        before = memo.placed
+        assert memo.place(s) == place(s), step
+        copies += memo.placed == before
+    assert 50 < copies < 250
+
+
+def test_a_replica_on_a_silent_node_is_not_counted_when_telling_what_placement_reads() -> None:
+    """Model m's one replica is on a node silent past replace_after_s, so placement
+    replaces it, on the device where n's replica runs with memory_gb: whether n's replica
+    is ready (its memory already shows as used) or still starting (it reserves its 30 GB)
+    changes the memory m's new replica leaves free, so the memo places again."""
+    memo = snapshot.PlanMemo()
+    nodes = [node("a", gpu(0)), node("b", gpu(0), age=200.0)]
+    models = [want(1, name="m", memory=30.0), want(1, name="n", memory=30.0)]
+    ready = snap(models, nodes, [rep("rm", "m", "b", (0,)), rep("rn", "n", "a", (0,))],
+                 replace_after=120.0)
+    starting = replace(ready, replicas=(ready.replicas[0],
+                                        replace(ready.replicas[1], state="starting")))
+    first, second = memo.place(ready), memo.place(starting)
+    assert (first, second) == (place(ready), place(starting)) and first != second
+    assert first.stops == ["rm"] and [s.node for s in second.starts] == ["a"]
+    # as the reconciler runs it: the node views known unchanged (its NodeMemo's count)
+    memo = snapshot.PlanMemo()
+    assert (memo.place(ready, 7), memo.place(starting, 7)) == (first, second)
 
 
 def test_node_views_are_copied_with_a_new_report_time_not_made_again() -> None:
