@@ -117,9 +117,11 @@ def reconcile(conn: Connection, now: float, settings: Settings,
     Returns the changes (the reconciler logs from them) and the fleet it read, whose node
     rows the pass does not change (the device clock counts with them instead of reading
     every node's report again)."""
-    fleet = read(conn) if view is None else view.refresh(conn)
+    fleet = read(conn) if view is None else view.refresh(conn, now)
     changes = decide(fleet, now, settings)
     write(conn, changes, now)
+    if view is not None:
+        view.wrote(changes.node_problems)
     return changes, fleet
 
 

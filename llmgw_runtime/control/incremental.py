@@ -2,7 +2,8 @@
 
 ``View.refresh(conn)`` returns the same ``decide.Fleet`` as ``fleet.read(conn)`` would in
 that transaction (the divergence test, tests/control/test_incremental.py, compares them
-after every pass of randomised operations), reading:
+after every pass of randomised operations; with ``heard_s``, report times aside, below),
+reading:
 
 - what the store's change log names since the last pass (``store.changes.since``): those
   nodes, models and replicas (with their worker parts) are read again, deleted ones leave;
@@ -15,7 +16,12 @@ after every pass of randomised operations), reading:
   activations, failures, rollout state: ``update_model`` and ``merge_rollout_state`` log
   only launch fields). A row whose volatile columns moved gets them; a key the narrow read
   finds that the view lacks (a node that joined: no log entry until its first report) is
-  read whole, one the view has that the read lacks is dropped.
+  read whole, one the view has that the read lacks is dropped. The reconciler's view
+  (``heard_s``) reads a node's report columns again only once the report time it holds
+  is ``heard_s / 2`` old, and every node never heard from: a time it holds is then an
+  earlier report's than the store's, but says the same at the pass (the node is heard
+  within the node timeout, not silent past replace_after_s), and 10,000 nodes reporting
+  every 2 s are read a few hundred a pass, not all of them.
 
 Everything is read again on the first pass, after :meth:`View.reset` (the reconciler calls
 it when it takes the lease and when a pass fails) and when the log says so
@@ -133,11 +139,29 @@ def _narrow_rows(conn: Connection, table: Any, key: str, columns: tuple[str, ...
         cursor.close()
 
 
+def _reports_of(conn: Connection, names: set[str]) -> list[tuple[Any, ...]]:
+    """(name, *NODE_VOLATILE) of the nodes ``names`` and of every node never heard from."""
+    columns = (nodes_table.c.name, *(nodes_table.c[c] for c in NODE_VOLATILE))
+    out = [tuple(row) for row in conn.execute(
+        sa.select(*columns).where(nodes_table.c.last_report.is_(None)))]
+    for chunk in _chunks(names):
+        out += [tuple(row) for row in conn.execute(
+            sa.select(*columns).where(nodes_table.c.name.in_(chunk),
+                                      nodes_table.c.last_report.is_not(None)))]
+    return out
+
+
 class View:
     """The fleet as the leader last read it, and the change log generation it is at."""
 
-    def __init__(self, full_every: int = FULL_EVERY, *, reports_apart: bool = False) -> None:
+    def __init__(self, full_every: int = FULL_EVERY, *, reports_apart: bool = False,
+                 heard_s: float | None = None) -> None:
         self.full_every = full_every
+        # With ``heard_s`` (the reconciler's: the node timeout, or replace_after_s when
+        # shorter) and a pass's ``now``: a node's report columns are read again only once
+        # the report time held is ``heard_s / 2`` old (or none), not every node's every
+        # pass (:meth:`_reports`)
+        self.heard_s = heard_s
         # True (the status summary's view): a node's volatile columns, which move with
         # every report, are kept in ``reports`` (name -> (name, last_report, plan_problem))
         # and not patched into its record, whose own are as of its last read: the
@@ -162,8 +186,13 @@ class View:
 
     # ------------------------------------------------------------ one pass
 
-    def refresh(self, conn: Connection) -> Fleet:
-        """Bring the view up to the store as this transaction reads it; the fleet."""
+    def refresh(self, conn: Connection, now: float | None = None) -> Fleet:
+        """Bring the view up to the store as this transaction reads it; the fleet. With
+        ``heard_s`` and ``now`` (the pass's store clock), a node's ``last_report`` may be
+        an earlier report's than the store's: one at most ``heard_s / 2`` old, so every
+        answer drawn from it at ``now`` (heard within the node timeout, silent past
+        replace_after_s: control/decide.py, the planner, the device clock) is the
+        store's."""
         changed = changes.since(conn, self.generation)
         if changed.everything or self.generation is None:
             self._read_all(conn)
@@ -176,7 +205,7 @@ class View:
             self._read_nodes(conn, whole)
             self._read_devices(conn, changed.telemetry_only - whole)
             self._read_replicas(conn, changed.replicas | self._slice(self.replicas, turn))
-            self._volatile(conn)
+            self._volatile(conn, now)
         self.generation = changed.generation
         return self.fleet()
 
@@ -320,14 +349,14 @@ class View:
 
     # ------------------------------------------------------------ volatile columns
 
-    def _volatile(self, conn: Connection) -> None:
+    def _volatile(self, conn: Connection, now: float | None) -> None:
         if self.reports_apart:
             self.reports = _narrow(conn, nodes_table, "name", NODE_VOLATILE)
             if self.reports.keys() != self.nodes.keys():    # joined, or gone
                 self.nodes = {k: v for k, v in self.nodes.items() if k in self.reports}
                 self._read_nodes(conn, set(self.reports) - set(self.nodes))
         else:
-            self._read_nodes(conn, self._reports(conn))
+            self._read_nodes(conn, self._reports(conn, now))
         before = {n: m.definition_hash for n, m in self.models.items()}
         self.models, new_models = self._columns(
             conn, models_table, "name", MODEL_VOLATILE, self.models)
@@ -345,26 +374,54 @@ class View:
             self._ordered = None
         self._read_replicas(conn, new_replicas)
 
-    def _reports(self, conn: Connection) -> set[str]:
-        """Every node's report columns (``NODE_VOLATILE``) as stored now, set into its
-        record in place (half the nodes report each pass, and the planner's node memo
-        knows a record it saw before by its identity and report time, control/snapshot.py
+    def _reports(self, conn: Connection, now: float | None) -> set[str]:
+        """Nodes' report columns (``NODE_VOLATILE``) as stored now, set into their records
+        in place (half the nodes report each pass, and the planner's node memo knows a
+        record it saw before by its identity and report time, control/snapshot.py
         ``NodeMemo``); a node gone leaves. Returns the names stored that the view lacks.
         Set without comparing: at 10,000 nodes the compare with the last read cost more
-        than the setting."""
+        than the setting.
+
+        Every node's, or with ``heard_s`` and ``now`` only those whose report time held is
+        ``heard_s / 2`` old or more (or none), and those never heard from (a node that
+        joined: its first report is logged): a node reporting every 2 s is read about
+        every ``heard_s / 2`` s, not every pass. The others' times are earlier than the
+        store's but within ``heard_s / 2`` of ``now``, so every answer the pass draws from
+        them is the same (heard, not silent); ``plan_problem``, the pass's own, is set by
+        :meth:`wrote`."""
         nodes = self.nodes
         new = set()
-        found = _narrow_rows(conn, nodes_table, "name", NODE_VOLATILE)
+        if self.heard_s is None or now is None:
+            found = _narrow_rows(conn, nodes_table, "name", NODE_VOLATILE)
+            asked = None
+        else:
+            before = now - self.heard_s / 2
+            asked = {name for name, row in nodes.items()
+                     if row.last_report is None or row.last_report < before}
+            found = _reports_of(conn, asked)
         for name, last_report, plan_problem in found:
             row = nodes.get(name)
             if row is None:
                 new.add(name)
             else:
                 row.last_report, row.plan_problem = last_report, plan_problem
-        if len(found) - len(new) != len(nodes):         # a node went
+        if asked is None and len(found) - len(new) != len(nodes):       # a node went
             stored = {values[0] for values in found}
             self.nodes = {k: v for k, v in nodes.items() if k in stored}
+        elif asked:
+            gone = asked - {values[0] for values in found}
+            if gone:
+                self.nodes = {k: v for k, v in nodes.items() if k not in gone}
         return new
+
+    def wrote(self, node_problems: dict[str, str | None]) -> None:
+        """The pass's own writes that no log entry names, set into the records: each
+        node's ``plan_problem`` (``decide.Changes.node_problems``), which the next pass
+        reads again only with the node's report time (:meth:`_reports`)."""
+        for name, problem in node_problems.items():
+            row = self.nodes.get(name)
+            if row is not None:
+                row.plan_problem = problem
 
     def _columns(self, conn: Connection, table: Any, key: str, columns: tuple[str, ...],
                  rows: dict[str, SimpleNamespace]

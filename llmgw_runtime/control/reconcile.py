@@ -128,7 +128,9 @@ class Reconciler:
         self.history = history.Recorder(config.history_days, self.settings.node_timeout_s)
         self.device_clock = DeviceClock(config)     # GPU-hours (control/gpu_hours.py)
         self.passes = passes(config)    # a span per pass, with LLMGW_OTEL_ENDPOINT
-        self.view = View()              # the fleet in memory (control/incremental.py)
+        # the fleet in memory (control/incremental.py); a node's report time read again
+        # well before it could say anything else about the node than "heard"
+        self.view = View(heard_s=min(config.node_timeout_s, config.replace_after_s))
         self.times = PassTimes()
         self._pruned: float | None = None
         self._led_at: float | None = None     # when its last pass began (monotonic)

@@ -22,6 +22,7 @@ from llmgw_runtime.control.incremental import View
 from llmgw_runtime.control.reconcile import PassTimes
 from llmgw_runtime.errors import LlmgwError
 from llmgw_runtime.store import Store, repo
+from llmgw_runtime.store.db import fleet_changed
 from llmgw_runtime.store.schema import nodes
 
 from .conftest import CPU, Api
@@ -46,33 +47,50 @@ def differ(got: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
             for k in set(a) | set(b) if a.get(k) != b.get(k)}
 
 
-def same(got: Fleet, want: Fleet) -> None:
-    """The view's fleet is the full read's: the same rows, in the same order."""
+def same(got: Fleet, want: Fleet, heard: float | None = None) -> int:
+    """The view's fleet is the full read's: the same rows, in the same order; with
+    ``heard`` (a view's ``now - heard_s / 2``), a node's report time may be an earlier one
+    than the store's, no earlier than ``heard``. Returns how many were."""
     assert list(got.models) == list(want.models)
     assert not differ(got.models, want.models)
     assert list(got.nodes) == list(want.nodes)
-    assert not differ(got.nodes, {name: {k: v for k, v in row._mapping.items()
-                                         if k != "credential_hash"}
-                                  for name, row in want.nodes.items()})
+    stored = {name: {k: v for k, v in row._mapping.items() if k != "credential_hash"}
+              for name, row in want.nodes.items()}
+    earlier = {name: (got.nodes[name].last_report, row["last_report"])
+               for name, row in stored.items()
+               if got.nodes[name].last_report != row["last_report"]}
+    assert all(heard is not None and held is not None and t is not None
+               and heard <= held <= t for held, t in earlier.values()), earlier
+    assert not differ(got.nodes, {name: {**row, "last_report": got.nodes[name].last_report}
+                                  if name in earlier else row
+                                  for name, row in stored.items()})
     assert not differ({r.id: r for r in got.replicas}, {r.id: r for r in want.replicas})
     assert [(r.model, r.started) for r in got.replicas] == \
         [(r.model, r.started) for r in want.replicas]
     assert {k: [dict(vars(p)) for p in v] for k, v in got.parts.items()} == \
         {k: [dict(p._mapping) for p in v] for k, v in want.parts.items()}
+    return len(earlier)
 
 
-def reconcile(store: Store, view: View) -> None:
-    """One pass as the leader runs it, the view checked against a full read first."""
+def reconcile(store: Store, view: View) -> int:
+    """One pass as the leader runs it (``fleet.reconcile``), the view checked against a
+    full read first; how many nodes' report times it held earlier than the store's."""
     with store.begin() as conn:
         now = store.now(conn)
-        got = view.refresh(conn)
+        got = view.refresh(conn, now)
         want = fleet.read(conn)
-        same(got, want)
-        fleet.write(conn, decide(got, now, SETTINGS), now)
+        earlier = same(got, want, None if view.heard_s is None else now - view.heard_s / 2)
+        changes = decide(got, now, SETTINGS)
+        fleet.write(conn, changes, now)
+        view.wrote(changes.node_problems)
     # the planner's node views, remembered across passes (records patched in place
-    # included), are what a first sight of the full read's rows makes
+    # included), are what a first sight of the full read's rows makes (report times
+    # aside when the view holds earlier ones)
+    assert [snapshot.NODES.view(row).reported(None) for row in got.nodes.values()] == \
+        [snapshot.NodeMemo().view(row).reported(None) for row in want.nodes.values()]
     assert [snapshot.NODES.view(row) for row in got.nodes.values()] == \
-        [snapshot.NodeMemo().view(row) for row in want.nodes.values()]
+        [snapshot.NodeMemo().view(row) for row in got.nodes.values()]
+    return earlier
 
 
 class Ops:
@@ -194,18 +212,26 @@ class Ops:
         return self.rnd.choices(fns, weights)[0]
 
 
-def test_the_incremental_view_never_diverges_from_a_full_read(api: Api) -> None:
+@pytest.mark.parametrize("heard_s", [None, 0.4], ids=["every report", "heard_s"])
+def test_the_incremental_view_never_diverges_from_a_full_read(
+        api: Api, heard_s: float | None) -> None:
+    """With ``heard_s`` (the reconciler's view, here 0.4 s so that a report time held
+    ages within the test), a node's report time may be an earlier one than the store's,
+    within ``heard_s / 2`` of the pass: each such time says what the store's does."""
     rnd = random.Random(30)
-    view = View(full_every=10**6)              # no periodic full read: only the log
+    view = View(full_every=10**6, heard_s=heard_s)   # no periodic full read: the log
     ops = Ops(api, rnd)
     for node in NODES[:3]:
         ops.creds[node] = api.join(node)
     reconcile(api.store, view)
+    earlier = []
     for _ in range(120):
         for _ in range(rnd.randint(1, 3)):
             ops.pick()()
-        reconcile(api.store, view)
+        earlier.append(reconcile(api.store, view))
     assert view.fulls == 1, "every pass after the first read only what changed"
+    if heard_s is not None:     # times held earlier in some passes, all read in others
+        assert any(earlier) and earlier.count(0) > 10, earlier
     with api.store.begin() as conn:
         placed = len(repo.list_replicas(conn))
     assert placed, "the operations left replicas to compare"
@@ -244,3 +270,23 @@ def test_the_passes_are_logged_every_10s_in_the_line_the_benchmarks_read(
         times.add(0.0123, True, 0.0045)
     assert caplog.messages == ["reconcile passes last 10s: n=1 full=1 p50_ms=12.3 "
                                "p99_ms=12.3 max_ms=12.3 cpu_p50_ms=4.5 cpu_p99_ms=4.5"]
+
+
+def test_a_pass_knows_the_plan_problem_it_wrote_without_reading_the_node_again(
+        api: Api) -> None:
+    """The reconciler's view reads a heard node's report columns again only every
+    ``heard_s / 2``: the problem its own pass wrote (a node whose stored report the planner
+    cannot use) is set in its record, so the next passes neither write nor tell it again."""
+    cred = api.join("n1")
+    assert api.report(cred, "n1", devices=[CPU]).status_code == 200
+    assert api.reconciler.run_cycle()
+    with api.store.begin() as conn:       # a report stored before reports were strict
+        conn.execute(nodes.update().where(nodes.c.name == "n1")
+                     .values(devices='[{"id": "zero", "class": "cpu"}]'))
+        fleet_changed(conn, nodes=["n1"])
+    for _ in range(3):
+        assert api.reconciler.run_cycle()
+    with api.store.begin() as conn:
+        told = [e for e in repo.list_events(conn) if "left out of placement" in e["message"]]
+        problem = repo.get_node(conn, "n1").plan_problem
+    assert len(told) == 1 and problem and "its stored report cannot be used" in problem
