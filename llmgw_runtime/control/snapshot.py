@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from operator import attrgetter
 from typing import Any
 
@@ -249,11 +250,19 @@ def node_inputs(snap: Snapshot) -> tuple[Any, ...]:
 def liveness(snap: Snapshot) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """What placement reads of the nodes' report times: which nodes (by position) it has
     not heard from within ``node_timeout_s``, and which have been silent past
-    ``replace_after_s``."""
+    ``replace_after_s`` (``fleetvocab.heard_from`` and ``capacity.silence``, written out:
+    every pass asks it of every node)."""
     now, timeout, replace = snap.now, snap.node_timeout_s, snap.replace_after_s
-    nodes = snap.nodes
-    return (tuple(i for i, n in enumerate(nodes) if not heard_from(n.last_report, now, timeout)),
-            tuple(i for i, n in enumerate(nodes) if silence(n, now) > replace))
+    unheard: list[int] = []
+    silent: list[int] = []
+    for i, n in enumerate(snap.nodes):
+        t = n.last_report
+        quiet = math.inf if t is None else now - t
+        if t is None or not quiet <= timeout:
+            unheard.append(i)
+        if quiet > replace:
+            silent.append(i)
+    return tuple(unheard), tuple(silent)
 
 
 def _placed_as(r: ReplicaView) -> tuple[Any, ...]:
