@@ -11,6 +11,7 @@ drained or timed out (``drained``); after the plan, going and old replicas drain
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -68,13 +69,19 @@ class Pass:
                              if (drain.node_drain(fleet.nodes[n]) or {}).get("force")}
         self.stopped: set[str] = set()        # drained or stopped in this pass
         self.undrained: list[Any] = []        # draining replicas that serve again, as such
+
+    @functools.cached_property
+    def old_serving(self) -> dict[str, bool]:
+        """The models with a replica of an older definition serving, as read: made at its
+        first use (a replica's failed start, in decide's first loop, before the pass
+        changes any model's definition), not every pass."""
         old: dict[str, bool] = {}
-        for rep in fleet.replicas:
-            model = models.get(rep.model)
+        for rep in self.fleet.replicas:
+            model = self.models.get(rep.model)
             if model is not None and rep.desired and rep.state != ReplicaState.FAILED \
                     and not drain.is_draining(rep) and rollout.is_old(rep, model.definition_hash):
                 old[rep.model] = True
-        self.old_serving = old
+        return old
 
     # ------------------------------------------------------------ replicas
 
