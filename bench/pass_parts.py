@@ -57,7 +57,9 @@ def timed(spent: dict[str, float]) -> None:
         if owner is not None:
             where = getattr(where, owner)
         label = f"{owner or module.rsplit('.', 1)[1]}.{name}"
-        original = getattr(where, name)
+        original = getattr(where, name, None)
+        if original is None:            # an older build (``--root``) without this part
+            continue
 
         def wrapper(*args: Any, __f: Any = original, __label: str = label,
                     **kwargs: Any) -> Any:
