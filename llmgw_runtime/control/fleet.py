@@ -115,8 +115,9 @@ def reconcile(conn: Connection, now: float, settings: Settings,
     """One pass: read, decide, write. With ``view`` (the leader's fleet in memory,
     control/incremental.py) only what changed since its last pass is read; else all of it.
     Returns the changes (the reconciler logs from them) and the fleet it read, whose node
-    rows the pass does not change (the device clock counts with them instead of reading
-    every node's report again)."""
+    rows the pass changes only in their ``plan_problem``, set into the view's records
+    after the write (the device clock counts with them instead of reading every node's
+    report again)."""
     fleet = read(conn) if view is None else view.refresh(conn, now)
     changes = decide(fleet, now, settings)
     write(conn, changes, now)

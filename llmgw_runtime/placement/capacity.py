@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ..api.catalog import ModelSpec
 from ..fleetvocab import (
@@ -203,7 +204,7 @@ class Capacity:
         self._states: dict[int, NodeState] = {}
         self._uses: dict[int, list[tuple[tuple[int, ...], ModelSpec | None, bool, bool]]] = {}
         reporting = base.alive_set
-        for rep in sorted(snap.replicas, key=lambda r: r.id):
+        for rep in sorted(snap.replicas, key=attrgetter("id")):
             if not rep.desired or rep.state not in ACTIVE:
                 continue
             spec = specs.get(rep.model)

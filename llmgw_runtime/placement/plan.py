@@ -13,6 +13,7 @@ hold only so many (capacity.py), so a pass plans at most what the fleet can hold
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 
 from ..api.catalog import ModelSpec, is_mig_class
 from ..catalog.bounds import MAX_REPLICAS
@@ -73,7 +74,8 @@ def _keep_or_stop(snap: Snapshot, models: dict[str, ModelView], views: dict[str,
     ``replace_after_s``; return the rest of the active ones by model (those that count:
     a draining replica, or one leaving a draining node, holds its devices only)."""
     active: dict[str, list[ReplicaView]] = {}
-    for rep in sorted(snap.replicas, key=lambda r: r.id):
+    now = snap.now
+    for rep in sorted(snap.replicas, key=_ID):
         if not rep.desired or not rep.counts:
             continue        # a replica that drains or leaves its node stops on its own
         if rep.model not in models:
@@ -81,13 +83,19 @@ def _keep_or_stop(snap: Snapshot, models: dict[str, ModelView], views: dict[str,
             continue
         if rep.state not in ACTIVE:
             continue
-        quiet, name = max((silence(views.get(n), snap.now), n) for n in replica_nodes(rep))
+        if rep.parts:
+            quiet, name = max((silence(views.get(n), now), n) for n in replica_nodes(rep))
+        else:       # one node (most replicas: every pass of a changed fleet asks each)
+            quiet, name = silence(views.get(rep.node), now), rep.node
         if quiet > snap.replace_after_s:
             _stop(plan, rep.id, _silent_words(name, views.get(name), quiet, snap)
                   + ": replacing this replica elsewhere")
             continue
         active.setdefault(rep.model, []).append(rep)
     return active
+
+
+_ID = attrgetter("id")
 
 
 def _silent_words(name: str, view: NodeView | None, quiet: float, snap: Snapshot) -> str:
