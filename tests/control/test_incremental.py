@@ -230,8 +230,8 @@ def test_the_incremental_view_never_diverges_from_a_full_read(
             ops.pick()()
         earlier.append(reconcile(api.store, view))
     assert view.fulls == 1, "every pass after the first read only what changed"
-    if heard_s is not None:     # times held earlier in some passes, all read in others
-        assert any(earlier) and earlier.count(0) > 10, earlier
+    if heard_s is not None:     # some times were held earlier than the store's
+        assert any(earlier), earlier
     with api.store.begin() as conn:
         placed = len(repo.list_replicas(conn))
     assert placed, "the operations left replicas to compare"
