@@ -160,6 +160,10 @@ def test_two_control_hosts_share_the_agents_and_one_reconciler(
         agents = [Agent(f"node{i}", a if i % 2 else b) for i in range(1, 5)]
         for agent in agents:
             agent.thread.start()
+        # Every node reported once (placement spreads over the nodes it has heard from: a
+        # catalog applied before the last one's first report doubles a replica elsewhere).
+        wait_until(lambda: all(ag.seen[(ag.host.name, "report")] >= 1 for ag in agents), 15,
+                   "each agent's first report")
 
         # A catalog applied through A: B's agents get their replicas through B.
         status, body = call(a.url, "/api/v1/catalog", raw=catalog(("m1", 4)), method="PUT",
