@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from operator import attrgetter
 from typing import Any
 
@@ -250,17 +249,14 @@ def node_inputs(snap: Snapshot) -> tuple[Any, ...]:
 def liveness(snap: Snapshot) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """What placement reads of the nodes' report times: which nodes (by position) it has
     not heard from within ``node_timeout_s``, and which have been silent past
-    ``replace_after_s`` (``fleetvocab.heard_from`` and ``capacity.silence``, written out:
-    every pass asks it of every node)."""
+    ``replace_after_s``, in one walk (every pass asks it of every node)."""
     now, timeout, replace = snap.now, snap.node_timeout_s, snap.replace_after_s
     unheard: list[int] = []
     silent: list[int] = []
     for i, n in enumerate(snap.nodes):
-        t = n.last_report
-        quiet = math.inf if t is None else now - t
-        if t is None or not quiet <= timeout:
+        if not heard_from(n.last_report, now, timeout):
             unheard.append(i)
-        if quiet > replace:
+        if silence(n, now) > replace:
             silent.append(i)
     return tuple(unheard), tuple(silent)
 
