@@ -103,6 +103,13 @@ def head_change(row: Any, rep: ReplicaReport | None, now: float) -> HeadChange |
     state = (ReplicaState.FAILED if stopped else ReplicaState(rep.state.value)).value
     values: dict[str, Any] = {"state": state, "port": rep.port, "pid": rep.pid,
                               "updated": now, "progress": progress_of(rep)}
+    if row.state == ReplicaState.READY and state in (ReplicaState.PENDING,
+                                                     ReplicaState.STARTING):
+        # its engine starts again (the agent's supervisor restarted it): the start timeout
+        # counts from now, not from when it was placed, or an engine that restarts after
+        # start_timeout_s of serving would count as a failed start at once, be replaced,
+        # and park its model after a few restarts
+        values["started"] = now
     if state == ReplicaState.FAILED:
         values["last_error"] = rep.last_error or "the engine stopped"
     elif state == ReplicaState.READY:

@@ -18,6 +18,7 @@ from llmgw_runtime.api.agent import ReplicaReport, Report
 from llmgw_runtime.control import beats, reports
 from llmgw_runtime.control.app import create_app
 from llmgw_runtime.control.config import ControlConfig
+from llmgw_runtime.control.decide import failure_of
 from llmgw_runtime.control.reports import head_change, part_change, unchanged
 from llmgw_runtime.store import Store, repo
 from llmgw_runtime.store.changes import Changed
@@ -73,6 +74,25 @@ def test_what_a_report_changes_of_a_replica(row: Any, rep: Any, expect: Any) -> 
         assert change is not None and change.values is not None
         assert {k: change.values[k] for k in expect} == expect
         assert change.gone == (change.values["state"] == "failed")
+
+
+def test_an_engine_that_starts_again_after_serving_long_is_no_failed_start() -> None:
+    """A replica placed long ago (more than the start timeout) whose engine the agent
+    starts again: the start timeout counts from the restart, so it is not a failed start
+    (it was replaced and its model backed off, then parked after a few restarts); one
+    still starting a start timeout after the restart is."""
+    placed, restarted = 0.0, 1000.0
+    change = head_change(head(started=placed), said(state="starting", pid=43), restarted)
+    assert change is not None and change.values is not None
+    assert change.values["started"] == restarted and not change.gone
+    row = head(**{**vars(head(started=placed)), **change.values})
+    assert failure_of(row, [], restarted + 170.0, 180.0) is None
+    assert "not ready within 180 s" in (failure_of(row, [], restarted + 190.0, 180.0) or "")
+    ready = head_change(row, said(pid=43), restarted + 30.0)   # ready again: kept as it is
+    assert ready is not None and ready.values is not None and "started" not in ready.values
+    # a replica still starting for the first time keeps its placement time
+    first = head_change(head(state="pending", started=placed), said(state="starting"), 50.0)
+    assert first is not None and first.values is not None and "started" not in first.values
 
 
 def test_a_worker_part_changes_only_when_its_state_or_process_does() -> None:
