@@ -54,6 +54,10 @@ class Fleet:
     nodes: dict[str, Any]
     replicas: list[Any]
     parts: dict[str, list[Any]]
+    # from the leader's fleet in memory (control/incremental.py): (the serial of the fleet
+    # it handed out before, this one's, the nodes whose records changed between them; the
+    # others are the same objects, unchanged); None: not known
+    nodes_since: tuple[int, int, frozenset[str]] | None = None
 
 
 Start = NewReplica     # a replica the pass starts: the row it writes (store/repo.py)
@@ -231,7 +235,8 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
     snap = snapshot.build(list(models.values()), list(fleet.nodes.values()), live, now,
                           settings.node_timeout_s, parts=fleet.parts,
                           replace_after_s=settings.replace_after_s,
-                          backoff=settings.backoff, unusable=unusable, targets=targets)
+                          backoff=settings.backoff, unusable=unusable, targets=targets,
+                          nodes_since=fleet.nodes_since)
     for name, node in fleet.nodes.items():
         problem = unusable.get(name)
         if node.plan_problem == problem:

@@ -15,13 +15,16 @@ reading:
   is not a field of its catalog entry (its fleet state: the routers' load and capacity,
   activations, failures, rollout state: ``update_model`` and ``merge_rollout_state`` log
   only launch fields). A row whose volatile columns moved gets them; a key the narrow read
-  finds that the view lacks (a node that joined: no log entry until its first report) is
-  read whole, one the view has that the read lacks is dropped. The reconciler's view
-  (``heard_s``) reads a node's report columns again only once the report time it holds
-  is ``heard_s / 2`` old, and every node never heard from: a time it holds is then an
-  earlier report's than the store's, but says the same at the pass (the node is heard
-  within the node timeout, not silent past replace_after_s), and 10,000 nodes reporting
-  every 2 s are read a few hundred a pass, not all of them.
+  finds that the view lacks (a node written without a log entry, as before revision
+  0019) is read whole, one the view has that the read lacks is dropped. The reconciler's
+  view (``heard_s``) reads a node's report columns again only once the report time it
+  holds is ``heard_s / 2`` old, or none: a time it holds is then an earlier report's
+  than the store's, but says the same at the pass (the node is heard within the node
+  timeout, not silent past replace_after_s), and 10,000 nodes reporting every 2 s are
+  read a few hundred a pass, not all of them. It learns of a node that joined from the
+  join's log entry (``repo.set_node_credential``): a read of the nodes never heard from
+  was a scan of the whole table each pass (an index on ``last_report`` would cost every
+  heartbeat's update its HOT path).
 
 Everything is read again on the first pass, after :meth:`View.reset` (the reconciler calls
 it when it takes the lease and when a pass fails) and when the log says so
@@ -48,6 +51,7 @@ are patched into its record in place, any other change of a row gives it a new r
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
@@ -65,6 +69,7 @@ from ..store.schema import replicas as replicas_table
 from .decide import Fleet
 
 FULL_EVERY = 60        # every row is read again once in this many passes (rolling)
+_SERIALS = itertools.count(1)    # each fleet a view hands out, in every view of the process
 
 NODE_VOLATILE = ("last_report", "plan_problem")
 REPLICA_VOLATILE = ("last_used", "in_flight")
@@ -140,15 +145,26 @@ def _narrow_rows(conn: Connection, table: Any, key: str, columns: tuple[str, ...
 
 
 def _reports_of(conn: Connection, names: set[str]) -> list[tuple[Any, ...]]:
-    """(name, *NODE_VOLATILE) of the nodes ``names`` and of every node never heard from."""
-    columns = (nodes_table.c.name, *(nodes_table.c[c] for c in NODE_VOLATILE))
-    out = [tuple(row) for row in conn.execute(
-        sa.select(*columns).where(nodes_table.c.last_report.is_(None)))]
-    for chunk in _chunks(names):
-        out += [tuple(row) for row in conn.execute(
-            sa.select(*columns).where(nodes_table.c.name.in_(chunk),
-                                      nodes_table.c.last_report.is_not(None)))]
-    return out
+    """(name, *NODE_VOLATILE) of the nodes ``names``. On PostgreSQL in one statement, the
+    names as one array (an index lookup each), through the driver's own cursor: a few
+    hundred nodes each pass."""
+    if not names:
+        return []
+    if conn.dialect.name != "postgresql":
+        columns = (nodes_table.c.name, *(nodes_table.c[c] for c in NODE_VOLATILE))
+        return [tuple(row) for chunk in _chunks(names) for row in conn.execute(
+            sa.select(*columns).where(nodes_table.c.name.in_(chunk)))]
+    cursor = conn.connection.cursor()
+    try:
+        with waiting(conn):
+            cursor.execute(_REPORTS_OF, (list(names),))
+            return list(cursor.fetchall())
+    finally:
+        cursor.close()
+
+
+_REPORTS_OF = (f"SELECT name, {', '.join(NODE_VOLATILE)} FROM {nodes_table.name} "
+               "WHERE name = ANY(%s)")
 
 
 class View:
@@ -177,6 +193,10 @@ class View:
         self.last_full = False           # whether the last refresh read everything
         self.fulls = 0                   # full reads so far
         self._ordered: list[SimpleNamespace] | None = None
+        # the nodes whose records changed (a new record, or columns set in place) since the
+        # last fleet handed out (``_serial``); None: unknown (everything was read)
+        self._touched: set[str] | None = None
+        self._serial: int | None = None
         # what the last narrow read of each table found: key -> (key, *volatile columns)
         self._last: dict[str, dict[str, tuple[Any, ...]]] = {}
 
@@ -215,11 +235,22 @@ class View:
         return {k for k in rows if hash(k) % self.full_every == turn}
 
     def fleet(self) -> Fleet:
+        """The fleet as held now, with the nodes whose records changed since the fleet
+        handed out before (``Fleet.nodes_since``: the planner's node views are looked up
+        again only for those, control/snapshot.py ``NodeMemo.views``)."""
         if self._ordered is None:
             self._ordered = sorted(self.replicas.values(),
                                    key=lambda r: (r.model, r.started, r.id))
+        serial = next(_SERIALS)
+        since = None if self._touched is None or self._serial is None else (
+            self._serial, serial, frozenset(self._touched))
+        self._serial, self._touched = serial, set()
         return Fleet(models=self.models, nodes=self.nodes, replicas=self._ordered,
-                     parts=self.parts)
+                     parts=self.parts, nodes_since=since)
+
+    def _touch(self, names: Iterable[str]) -> None:
+        if self._touched is not None:
+            self._touched.update(names)
 
     # ------------------------------------------------------------ reads
 
@@ -238,6 +269,7 @@ class View:
                         for name, row in self.nodes.items()}
         self._ordered = None
         self._last = {}
+        self._touched = None
         self.passes = 0
         self.last_full = True
         self.fulls += 1
@@ -270,6 +302,7 @@ class View:
         names = set(names)
         if not names:
             return
+        self._touch(names)
         self.nodes = self._merged(self.nodes, _named(conn, nodes_table, names, node_record),
                                   names)
 
@@ -282,6 +315,7 @@ class View:
         names = set(names)
         if not names:
             return
+        self._touch(names)
         found: dict[str, str] = {}
         for chunk in _chunks(names):
             found.update((name, devices) for name, devices in conn.execute(
@@ -353,6 +387,7 @@ class View:
         if self.reports_apart:
             self.reports = _narrow(conn, nodes_table, "name", NODE_VOLATILE)
             if self.reports.keys() != self.nodes.keys():    # joined, or gone
+                self._touch(self.nodes.keys() ^ self.reports.keys())
                 self.nodes = {k: v for k, v in self.nodes.items() if k in self.reports}
                 self._read_nodes(conn, set(self.reports) - set(self.nodes))
         else:
@@ -383,8 +418,8 @@ class View:
         than the setting.
 
         Every node's, or with ``heard_s`` and ``now`` only those whose report time held is
-        ``heard_s / 2`` old or more (or none), and those never heard from (a node that
-        joined: its first report is logged): a node reporting every 2 s is read about
+        ``heard_s / 2`` old or more, or none (a node that joined is read whole first: its
+        join is logged): a node reporting every 2 s is read about
         every ``heard_s / 2`` s, not every pass. The others' times are earlier than the
         store's but within ``heard_s / 2`` of ``now``, so every answer the pass draws from
         them is the same (heard, not silent); ``plan_problem``, the pass's own, is set by
@@ -394,11 +429,13 @@ class View:
         if self.heard_s is None or now is None:
             found = _narrow_rows(conn, nodes_table, "name", NODE_VOLATILE)
             asked = None
+            self._touch(nodes)
         else:
             before = now - self.heard_s / 2
             asked = {name for name, row in nodes.items()
                      if row.last_report is None or row.last_report < before}
             found = _reports_of(conn, asked)
+            self._touch(asked)
         for name, last_report, plan_problem in found:
             row = nodes.get(name)
             if row is None:
@@ -418,6 +455,7 @@ class View:
         """The pass's own writes that no log entry names, set into the records: each
         node's ``plan_problem`` (``decide.Changes.node_problems``), which the next pass
         reads again only with the node's report time (:meth:`_reports`)."""
+        self._touch(node_problems)
         for name, problem in node_problems.items():
             row = self.nodes.get(name)
             if row is not None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 from ..api.states import ReplicaState
 from ..fleetvocab import ACTIVE, heard_from, held_sources, shares_device
@@ -113,6 +114,57 @@ class NodeMemo:
     def __init__(self) -> None:
         self.seen: dict[str, tuple[Any, tuple[Any, ...], NodeView]] = {}
         self.made = 0
+        # the last walk of a fleet that came with a serial (:meth:`views`)
+        self._walked: _Walk | None = None
+        self.walks = 0                  # walks of every node, for tests and benches
+        self.last: tuple[tuple[NodeView, ...], dict[str, str]] = ((), {})   # the last views
+
+    def views(self, rows: list[Any], since: tuple[int, int, frozenset[str]] | None = None
+              ) -> tuple[tuple[NodeView, ...], dict[str, str]]:
+        """Every node's view, and why each node whose stored report cannot be used is left
+        out (:func:`node_views`). With ``since`` (the leader's view, ``Fleet.nodes_since``:
+        the serial of the fleet it handed out before, this one's, and the nodes whose
+        records changed between them) and a last walk of that earlier fleet, only those
+        nodes are looked up again: the others are the same records, unchanged, so their
+        views are the ones the last walk made (a pass of 10,000 nodes looks up the few
+        hundred whose report time it read)."""
+        walked = self._walked
+        if since is not None and walked is not None and walked.serial == since[0] \
+                and len(rows) == len(walked.slots) and since[2] <= walked.index.keys():
+            slots, bad = list(walked.slots), dict(walked.bad)
+            for name in since[2]:
+                i = walked.index[name]
+                if rows[i].name != name:
+                    break
+                slots[i] = self._one(rows[i], bad)
+            else:
+                return self._keep(since[1], walked.index, slots, bad)
+        self.keep(rows)
+        self.walks += 1
+        bad = {}
+        slots = [self._one(row, bad) for row in rows]
+        return self._keep(None if since is None else since[1],
+                          {row.name: i for i, row in enumerate(rows)}, slots, bad)
+
+    def _one(self, row: Any, bad: dict[str, str]) -> NodeView | None:
+        """The row's view, or None with why its stored report cannot be used in ``bad``."""
+        try:
+            view = self.view(row)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            bad[row.name] = (f"its stored report cannot be used ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}); it gets no replicas until it reports again")
+            return None
+        bad.pop(row.name, None)
+        return view
+
+    def _keep(self, serial: int | None, index: dict[str, int], slots: list[NodeView | None],
+              bad: dict[str, str]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
+        # no node left out: every slot holds a view
+        views = cast("tuple[NodeView, ...]", tuple(slots)) if not bad \
+            else tuple(v for v in slots if v is not None)
+        self._walked = None if serial is None else _Walk(serial, index, slots, bad)
+        self.last = (views, dict(bad))
+        return self.last
 
     def view(self, row: Any) -> NodeView:
         hit = self.seen.get(row.name)
@@ -146,6 +198,17 @@ class NodeMemo:
             self.seen = {k: v for k, v in self.seen.items() if k in names}
 
 
+@dataclass
+class _Walk:
+    """A walk of a fleet's nodes (``NodeMemo.views``): the fleet's serial, each node's
+    position, the view at each position (None: left out) and why those are left out."""
+
+    serial: int
+    index: dict[str, int]
+    slots: list[NodeView | None]
+    bad: dict[str, str]
+
+
 def _inputs(view: NodeView) -> tuple[Any, ...]:
     """What placement reads of a node view but its name and report time."""
     return (view.devices, view.engines, view.fabric, view.weights, view.shared_weights,
@@ -168,20 +231,12 @@ def node_view(row: Any) -> NodeView:
     return NODES.view(row)
 
 
-def node_views(nodes: list[Any]) -> tuple[tuple[NodeView, ...], dict[str, str]]:
+def node_views(nodes: list[Any], since: tuple[int, int, frozenset[str]] | None = None
+               ) -> tuple[tuple[NodeView, ...], dict[str, str]]:
     """The planner's view of every node whose stored report it can use, and for the others
     why not (a row written before reports were parsed strictly, or by hand): one bad node
-    is left out, the rest of the fleet is placed."""
-    views, unusable = [], {}
-    NODES.keep(nodes)
-    for row in nodes:
-        try:
-            views.append(node_view(row))
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            unusable[row.name] = (f"its stored report cannot be used ({type(exc).__name__}: "
-                                  f"{str(exc)[:200]}); it gets no replicas until it reports "
-                                  "again")
-    return tuple(views), unusable
+    is left out, the rest of the fleet is placed. ``since``: ``NodeMemo.views``."""
+    return NODES.views(nodes, since)
 
 
 def replica_view(r: Any, parts: list[Any], leaving: set[str],
@@ -205,12 +260,14 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
           node_timeout_s: float, *, parts: dict[str, list[Any]],
           replace_after_s: float, backoff: tuple[float, float],
           unusable: dict[str, str] | None = None,
-          targets: dict[str, int] | None = None) -> Snapshot:
+          targets: dict[str, int] | None = None,
+          nodes_since: tuple[int, int, frozenset[str]] | None = None) -> Snapshot:
     """The planner's snapshot; ``parts`` are the worker parts by replica id (every caller
     must pass them, or the nodes of multi-node replicas would look free). ``targets``:
     the replicas each model keeps in this pass (a rollout's, control/steps.py), else what
     it wants. A draining replica, or one on a draining node, holds its devices but is not
-    one of its model's replicas (so its replacement is placed)."""
+    one of its model's replicas (so its replacement is placed). ``nodes_since``: the
+    leader's view's ``Fleet.nodes_since``, with ``nodes`` its nodes in its order."""
     by_model: dict[str, list[Any]] = {}
     for rep in replicas:
         by_model.setdefault(rep.model, []).append(rep)
@@ -227,7 +284,7 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
     REPLICAS.keep(replicas)
     replica_views = tuple(replica_view(r, parts.get(r.id, []), leaving, current)
                           for r in replicas)
-    views, bad = node_views(nodes)
+    views, bad = node_views(nodes, nodes_since)
     if unusable is not None:
         unusable.update(bad)
     return Snapshot(models=model_views, nodes=views,

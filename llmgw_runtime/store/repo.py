@@ -224,10 +224,11 @@ def get_node(conn: Connection, name: str) -> Any | None:
 
 def set_node_credential(conn: Connection, name: str, credential_hash: str, now: float) -> None:
     """A node's new credential; a replaced one stops working in every process (caches of
-    the report path are keyed by credential: the fleet generation moves)."""
+    the report path are keyed by credential: the fleet generation moves). Logged for a
+    new node too: the reconciler's fleet in memory learns of a node that joined from the
+    change log (control/incremental.py), not from a read of every node."""
     row = get_node(conn, name)
-    if row is not None and row.credential_hash is not None:
-        fleet_changed(conn, nodes=(name,))
+    fleet_changed(conn, nodes=(name,))
     if row is None:
         conn.execute(nodes.insert().values(name=name, credential_hash=credential_hash,
                                            devices="[]", engines="[]", weights="{}",

@@ -28,6 +28,7 @@ from llmgw_runtime.store.schema import nodes
 from .conftest import CPU, Api
 
 SETTINGS = Settings()
+WALKS: list[int] = []       # each pass's walks of every node (0: the changed nodes only)
 NODES = [f"n{i}" for i in range(6)]
 MODELS = [f"m{i}" for i in range(5)]
 
@@ -80,9 +81,15 @@ def reconcile(store: Store, view: View) -> int:
         got = view.refresh(conn, now)
         want = fleet.read(conn)
         earlier = same(got, want, None if view.heard_s is None else now - view.heard_s / 2)
+        walks = snapshot.NODES.walks
         changes = decide(got, now, SETTINGS)
         fleet.write(conn, changes, now)
         view.wrote(changes.node_problems)
+    # the node views the pass placed with, most of them kept from the pass before (only
+    # the nodes the view changed looked up again: ``Fleet.nodes_since``), are a fresh
+    # walk's of the same rows
+    assert snapshot.NODES.last == snapshot.NodeMemo().views(list(got.nodes.values()))
+    WALKS.append(snapshot.NODES.walks - walks)
     # the planner's node views, remembered across passes (records patched in place
     # included), are what a first sight of the full read's rows makes (report times
     # aside when the view holds earlier ones)
@@ -220,6 +227,7 @@ def test_the_incremental_view_never_diverges_from_a_full_read(
     within ``heard_s / 2`` of the pass: each such time says what the store's does."""
     rnd = random.Random(30)
     view = View(full_every=10**6, heard_s=heard_s)   # no periodic full read: the log
+    WALKS.clear()
     ops = Ops(api, rnd)
     for node in NODES[:3]:
         ops.creds[node] = api.join(node)
@@ -230,6 +238,8 @@ def test_the_incremental_view_never_diverges_from_a_full_read(
             ops.pick()()
         earlier.append(reconcile(api.store, view))
     assert view.fulls == 1, "every pass after the first read only what changed"
+    # the first pass walks every node, and so does one after a node joined or left
+    assert WALKS[0] == 1 and 20 < WALKS.count(0) < len(WALKS), WALKS
     if heard_s is not None:     # some times were held earlier than the store's
         assert any(earlier), earlier
     with api.store.begin() as conn:
