@@ -151,6 +151,7 @@ class Bench:
         before, db0, start = self.cpu.sample(), self.db.sample(), time.perf_counter()
         if churn:
             applier.start()
+        print(f"{scenario}: measuring {window_s:.0f} s from now", flush=True)
         time.sleep(window_s)
         end = time.perf_counter()
         after, db1 = self.cpu.sample(), self.db.sample()
