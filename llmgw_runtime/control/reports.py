@@ -107,8 +107,8 @@ def head_change(row: Any, rep: ReplicaReport | None, now: float) -> HeadChange |
                                                      ReplicaState.STARTING):
         # its engine starts again (the agent's supervisor restarted it): the start timeout
         # counts from now, not from when it was placed, or an engine that restarts after
-        # start_timeout_s of serving would count as a failed start at once, be replaced,
-        # and park its model after a few restarts
+        # start_timeout_s of serving would count as a failed start at once: replaced, its
+        # model backed off (and parked at the fifth in a row)
         values["started"] = now
     if state == ReplicaState.FAILED:
         values["last_error"] = rep.last_error or "the engine stopped"

@@ -79,7 +79,7 @@ def test_what_a_report_changes_of_a_replica(row: Any, rep: Any, expect: Any) -> 
 def test_an_engine_that_starts_again_after_serving_long_is_no_failed_start() -> None:
     """A replica placed long ago (more than the start timeout) whose engine the agent
     starts again: the start timeout counts from the restart, so it is not a failed start
-    (it was replaced and its model backed off, then parked after a few restarts); one
+    (it was replaced and its model backed off, parked at the fifth in a row); one
     still starting a start timeout after the restart is."""
     placed, restarted = 0.0, 1000.0
     change = head_change(head(started=placed), said(state="starting", pid=43), restarted)
