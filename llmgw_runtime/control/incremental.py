@@ -133,12 +133,17 @@ def _narrow_rows(conn: Connection, table: Any, key: str, columns: tuple[str, ...
                  ) -> list[tuple[Any, ...]]:
     """(key, *columns) of every row of ``table``, read through the driver's own cursor:
     plain tuples (thousands of rows each pass)."""
-    sql = str(sa.select(table.c[key], *(table.c[c] for c in columns))
-              .compile(dialect=conn.dialect))
+    return _fetched(conn, str(sa.select(table.c[key], *(table.c[c] for c in columns))
+                              .compile(dialect=conn.dialect)))
+
+
+def _fetched(conn: Connection, sql: str, params: tuple[Any, ...] = ()
+             ) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` as plain tuples, through the driver's own cursor."""
     cursor = conn.connection.cursor()
     try:
         with waiting(conn):               # bounded as a statement is, under a web request
-            cursor.execute(sql)
+            cursor.execute(sql, params)
             return list(cursor.fetchall())
     finally:
         cursor.close()
@@ -154,13 +159,7 @@ def _reports_of(conn: Connection, names: set[str]) -> list[tuple[Any, ...]]:
         columns = (nodes_table.c.name, *(nodes_table.c[c] for c in NODE_VOLATILE))
         return [tuple(row) for chunk in _chunks(names) for row in conn.execute(
             sa.select(*columns).where(nodes_table.c.name.in_(chunk)))]
-    cursor = conn.connection.cursor()
-    try:
-        with waiting(conn):
-            cursor.execute(_REPORTS_OF, (list(names),))
-            return list(cursor.fetchall())
-    finally:
-        cursor.close()
+    return _fetched(conn, _REPORTS_OF, (list(names),))
 
 
 _REPORTS_OF = (f"SELECT name, {', '.join(NODE_VOLATILE)} FROM {nodes_table.name} "
