@@ -20,7 +20,7 @@ from typing import Any
 from ..api.states import ReplicaState
 from ..store.models import spec_of
 from ..store.repo import NewReplica
-from . import autoscale, drain, rollout, snapshot, steps
+from . import autoscale, drain, planmemo, rollout, snapshot, steps
 from .drain import SETTLE_S, STALE_S
 from .states import PARK_AFTER, backoff_s, idle_expired
 
@@ -236,7 +236,7 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
                           settings.node_timeout_s, parts=fleet.parts,
                           replace_after_s=settings.replace_after_s,
                           backoff=settings.backoff, unusable=unusable, targets=targets,
-                          nodes_since=fleet.nodes_since)
+                          nodes_since=fleet.nodes_since, leaving=pass_.draining_nodes)
     for name, node in fleet.nodes.items():
         problem = unusable.get(name)
         if node.plan_problem == problem:
@@ -246,7 +246,7 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
                                              f"{problem}" if problem else
                                f"node {name} is used for placement again"))
     # placed again only when its inputs moved
-    plan = snapshot.PLANS.place(snap, snapshot.NODES.made)
+    plan = planmemo.PLANS.place(snap, snapshot.NODES.made)
     deleted = set(changes.delete_replicas)
     ports_on = _ports_by_node(fleet, deleted)
     taken: set[int] = set()

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 from types import SimpleNamespace
 from typing import Any
 
@@ -68,6 +69,7 @@ from ..store.schema import replica_parts
 from ..store.schema import replicas as replicas_table
 from .decide import Fleet
 
+_REPLICA_ORDER = attrgetter("model", "started", "id")     # fleet.read's order
 FULL_EVERY = 60        # every row is read again once in this many passes (rolling)
 _SERIALS = itertools.count(1)    # each fleet a view hands out, in every view of the process
 
@@ -198,6 +200,8 @@ class View:
         self._serial: int | None = None
         # what the last narrow read of each table found: key -> (key, *volatile columns)
         self._last: dict[str, dict[str, tuple[Any, ...]]] = {}
+        # each table's keys, and those keys by their turn of the rolling check (``_slice``)
+        self._turns: dict[str, tuple[frozenset[str], dict[int, frozenset[str]]]] = {}
 
     def reset(self) -> None:
         """Forget everything: the next refresh reads the whole fleet."""
@@ -219,27 +223,37 @@ class View:
             self.passes += 1
             self.last_full = False
             turn = self.passes % self.full_every
-            self._read_models(conn, changed.models | self._slice(self.models, turn))
-            whole = (changed.nodes - changed.telemetry_only) | self._slice(self.nodes, turn)
+            self._read_models(conn, changed.models | self._slice("models", self.models, turn))
+            whole = changed.nodes - changed.telemetry_only
+            whole |= self._slice("nodes", self.nodes, turn)
             self._read_nodes(conn, whole)
             self._read_devices(conn, changed.telemetry_only - whole)
-            self._read_replicas(conn, changed.replicas | self._slice(self.replicas, turn))
+            self._read_replicas(conn, changed.replicas
+                                | self._slice("replicas", self.replicas, turn))
             self._volatile(conn, now)
         self.generation = changed.generation
         return self.fleet()
 
-    def _slice(self, rows: dict[str, Any], turn: int) -> set[str]:
+    def _slice(self, table: str, rows: dict[str, Any], turn: int) -> frozenset[str]:
         """The keys this pass reads again whatever the log says: those whose hash falls
-        on ``turn``, so that every row is read again once every ``full_every`` passes."""
-        return {k for k in rows if hash(k) % self.full_every == turn}
+        on ``turn``, so that every row is read again once every ``full_every`` passes.
+        The keys are put in their turns again only when they are other keys than the last
+        time (hashing 15,000 keys every pass cost a few milliseconds)."""
+        held = self._turns.get(table)
+        if held is None or held[0] != rows.keys():
+            turns: dict[int, set[str]] = {}
+            for k in rows:
+                turns.setdefault(hash(k) % self.full_every, set()).add(k)
+            held = self._turns[table] = (
+                frozenset(rows), {t: frozenset(keys) for t, keys in turns.items()})
+        return held[1].get(turn, frozenset())
 
     def fleet(self) -> Fleet:
         """The fleet as held now, with the nodes whose records changed since the fleet
         handed out before (``Fleet.nodes_since``: the planner's node views are looked up
         again only for those, control/snapshot.py ``NodeMemo.views``)."""
         if self._ordered is None:
-            self._ordered = sorted(self.replicas.values(),
-                                   key=lambda r: (r.model, r.started, r.id))
+            self._ordered = sorted(self.replicas.values(), key=_REPLICA_ORDER)
         serial = next(_SERIALS)
         since = None if self._touched is None or self._serial is None else (
             self._serial, serial, frozenset(self._touched))

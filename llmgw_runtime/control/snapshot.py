@@ -1,4 +1,5 @@
-"""Reading the store into the pure placement snapshot."""
+"""Reading the store into the pure placement snapshot: the planner's views of nodes and
+replicas, remembered across passes (the plan memo is control/planmemo.py)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,15 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, cast
 
-from ..api.states import ReplicaState
-from ..fleetvocab import ACTIVE, heard_from, held_sources, shares_device
+from ..fleetvocab import held_sources
 from ..placement import (
     DeviceView,
     ModelView,
     NodeView,
     PartView,
-    Plan,
     ReplicaView,
     Snapshot,
-    place,
 )
-from ..placement.capacity import silence
-from ..placement.nodebase import NodeBase
 from ..store.models import spec_of
 from .drain import cordoned, draining_node, is_draining, replica_nodes
 from .states import in_backoff, wanted_replicas
@@ -109,7 +105,8 @@ class NodeMemo:
     its report time alone; another is compared by its values. ``made`` counts the views
     made with other placement inputs than the node's
     last (a new node, other devices or engines; not new readings alone): while it stays,
-    each node's view places as the one before it did, report time aside (``PlanMemo``)."""
+    each node's view places as the one before it did, report time aside
+    (control/planmemo.py ``PlanMemo``)."""
 
     def __init__(self) -> None:
         self.seen: dict[str, tuple[Any, tuple[Any, ...], NodeView]] = {}
@@ -186,7 +183,7 @@ class NodeMemo:
                             engines=ids(row.engines), last_report=row.last_report,
                             fabric=row.fabric, weights=local, shared_weights=shared,
                             cordoned=values[-1])
-            if hit is None or _inputs(hit[2]) != _inputs(view):
+            if hit is None or inputs_of(hit[2]) != inputs_of(view):
                 self.made += 1          # not new readings alone (a temperature)
         self.seen[row.name] = (row, values, view)
         return view
@@ -209,13 +206,50 @@ class _Walk:
     bad: dict[str, str]
 
 
-def _inputs(view: NodeView) -> tuple[Any, ...]:
+def inputs_of(view: NodeView) -> tuple[Any, ...]:
     """What placement reads of a node view but its name and report time."""
     return (view.devices, view.engines, view.fabric, view.weights, view.shared_weights,
             view.cordoned)
 
 
-NODES, REPLICAS = NodeMemo(), Memo()
+class ReplicaMemo(Memo):
+    """Replica views (:func:`replica_view`), with a quicker hit first: the same row object
+    with the same worker parts object and its model's current definition, while the
+    draining nodes stay the same, is the view made of it last pass, its values not read
+    again (4,000 replicas a pass). The leader's view never changes a replica's record in
+    place (control/incremental.py: a changed row gets a new record, unchanged parts keep
+    their list) and a full read's rows are new objects."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quick: dict[int, tuple[Any, Any, Any, ReplicaView]] = {}
+        self.leaving: frozenset[str] = frozenset()
+        self.last: tuple[tuple[Any, ...], tuple[ReplicaView, ...]] = ((), ())  # inputs, views
+        self.made = 0                   # views not taken by the quick hit, for tests
+
+    def views(self, rows: list[Any], parts: dict[str, list[Any]], leaving: set[str],
+              current: dict[str, str | None]) -> tuple[ReplicaView, ...]:
+        if leaving != self.leaving:
+            self.quick, self.leaving = {}, frozenset(leaving)
+        self.keep(rows)
+        quick, kept, out = self.quick, {}, []
+        for r in rows:
+            mine, hash_ = parts.get(r.id, _NO_PARTS), current.get(r.model)
+            hit = quick.get(id(r))
+            if hit is not None and hit[0] is r and hit[1] is mine and hit[2] == hash_:
+                view = hit[3]
+            else:
+                view = replica_view(r, mine, leaving, current, self)
+                self.made += 1
+            kept[id(r)] = (r, mine, hash_, view)
+            out.append(view)
+        self.quick = kept
+        self.last = ((rows, parts, leaving, current), tuple(out))
+        return self.last[1]
+
+
+_NO_PARTS: tuple[Any, ...] = ()
+NODES, REPLICAS = NodeMemo(), ReplicaMemo()
 _NODE_KEY = attrgetter("name", "devices", "engines", "weights", "fabric")
 _REPLICA_KEY = attrgetter("id", "model", "node", "devices", "state", "started", "desired")
 
@@ -239,17 +273,18 @@ def node_views(nodes: list[Any], since: tuple[int, int, frozenset[str]] | None =
     return NODES.views(nodes, since)
 
 
-def replica_view(r: Any, parts: list[Any], leaving: set[str],
-                 current: dict[str, str | None]) -> ReplicaView:
+def replica_view(r: Any, parts: Any, leaving: set[str], current: dict[str, str | None],
+                 memo: Memo | None = None) -> ReplicaView:
     """The planner's view of a replica's row and worker parts (``leaving``: the draining
     nodes; ``current``: each model's definition), remembered as node views are."""
+    memo = REPLICAS if memo is None else memo
     counts = not is_draining(r) and not (leaving and replica_nodes(r, parts) & leaving)
     old = getattr(r, "definition_hash", None) not in (None, current.get(r.model))
     values = (*_REPLICA_KEY(r), counts, old, *((p.rank, p.node, p.devices) for p in parts))
-    view = REPLICAS.get(r, values)
+    view = memo.get(r, values)
     if view is not None:
         return view  # type: ignore[no-any-return]
-    return REPLICAS.put(r, values, ReplicaView(  # type: ignore[no-any-return]
+    return memo.put(r, values, ReplicaView(  # type: ignore[no-any-return]
         id=r.id, model=r.model, node=r.node, devices=ids(r.devices), state=r.state,
         started=r.started, desired=bool(r.desired),
         parts=tuple(PartView(rank=p.rank, node=p.node, devices=ids(p.devices))
@@ -261,17 +296,20 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
           replace_after_s: float, backoff: tuple[float, float],
           unusable: dict[str, str] | None = None,
           targets: dict[str, int] | None = None,
-          nodes_since: tuple[int, int, frozenset[str]] | None = None) -> Snapshot:
+          nodes_since: tuple[int, int, frozenset[str]] | None = None,
+          leaving: set[str] | None = None) -> Snapshot:
     """The planner's snapshot; ``parts`` are the worker parts by replica id (every caller
     must pass them, or the nodes of multi-node replicas would look free). ``targets``:
     the replicas each model keeps in this pass (a rollout's, control/steps.py), else what
     it wants. A draining replica, or one on a draining node, holds its devices but is not
     one of its model's replicas (so its replacement is placed). ``nodes_since``: the
-    leader's view's ``Fleet.nodes_since``, with ``nodes`` its nodes in its order."""
+    leader's view's ``Fleet.nodes_since``, with ``nodes`` its nodes in its order.
+    ``leaving``: the draining nodes, when the caller knows them (``steps.Pass``)."""
     by_model: dict[str, list[Any]] = {}
     for rep in replicas:
         by_model.setdefault(rep.model, []).append(rep)
-    leaving = {n.name for n in nodes if getattr(n, "drain", None) and draining_node(n)}
+    if leaving is None:
+        leaving = {n.name for n in nodes if getattr(n, "drain", None) and draining_node(n)}
     current = {m.name: getattr(m, "definition_hash", None) for m in models}
     targets = targets or {}
     model_views = tuple(
@@ -281,197 +319,10 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
                   hold_starts=in_backoff(m.consecutive_failures, m.last_failure_at, now,
                                          *backoff))
         for m in models)
-    REPLICAS.keep(replicas)
-    replica_views = tuple(replica_view(r, parts.get(r.id, []), leaving, current)
-                          for r in replicas)
+    replica_views = REPLICAS.views(replicas, parts, leaving, current)
     views, bad = node_views(nodes, nodes_since)
     if unusable is not None:
         unusable.update(bad)
     return Snapshot(models=model_views, nodes=views,
                     replicas=replica_views, now=now, node_timeout_s=node_timeout_s,
                     replace_after_s=replace_after_s)
-
-
-def node_inputs(snap: Snapshot) -> tuple[Any, ...]:
-    """What ``placement.place`` reads of a snapshot's nodes: all of them but their report
-    times, which it reads only to tell whether each node reports (within
-    ``node_timeout_s`` of ``now``) and whether it has been silent past ``replace_after_s``:
-    those two answers stand in for them. Two snapshots whose models, replicas, timeouts and
-    node inputs are equal get equal plans."""
-    now, timeout, replace = snap.now, snap.node_timeout_s, snap.replace_after_s
-    return tuple((n.name, *_inputs(n), heard_from(n.last_report, now, timeout),
-                  silence(n, now) > replace) for n in snap.nodes)
-
-
-def liveness(snap: Snapshot) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """What placement reads of the nodes' report times: which nodes (by position) it has
-    not heard from within ``node_timeout_s``, and which have been silent past
-    ``replace_after_s``, in one walk (every pass asks it of every node)."""
-    now, timeout, replace = snap.now, snap.node_timeout_s, snap.replace_after_s
-    unheard: list[int] = []
-    silent: list[int] = []
-    for i, n in enumerate(snap.nodes):
-        if not heard_from(n.last_report, now, timeout):
-            unheard.append(i)
-        if silence(n, now) > replace:
-            silent.append(i)
-    return tuple(unheard), tuple(silent)
-
-
-def _placed_as(r: ReplicaView) -> tuple[Any, ...]:
-    """What placement reads of a replica but its state and start time: all of it, and of
-    its state only whether it is active."""
-    return (r.id, r.model, r.node, r.devices, r.desired, r.parts, r.counts, r.old,
-            r.state in _ACTIVE)
-
-
-def present_nodes(snap: Snapshot) -> frozenset[str]:
-    """The nodes not silent past ``replace_after_s`` (placement replaces the replicas on
-    the others, and on nodes no longer in the fleet)."""
-    now, replace = snap.now, snap.replace_after_s
-    return frozenset(n.name for n in snap.nodes if silence(n, now) <= replace)
-
-
-def readiness_read(snap: Snapshot, present: frozenset[str]) -> set[str]:
-    """The models whose replicas' readiness and start time placement reads:
-    - a model with more replicas than it wants (the least useful stop first: not ready,
-      newest);
-    - a model with memory_gb, while some model is to be placed on a shared device (one
-      not ready yet reserves its memory there, and that placement reads what is free).
-
-    A model's replicas are counted as placement counts them: active, its own (not
-    draining), on nodes ``present``. Of any other replica placement reads only whether
-    it is active: an engine's restart (ready, starting, ready again) or a replica's start
-    (pending, fetching, starting) places as before."""
-    active: dict[str, int] = {}
-    for r in snap.replicas:
-        if r.desired and r.counts and r.state in _ACTIVE and r.node in present \
-                and all(p.node in present for p in r.parts):
-            active[r.model] = active.get(r.model, 0) + 1
-    wanted = {m.spec.name: 0 if m.parked else m.wanted for m in snap.models}
-    shared = any(active.get(m.spec.name, 0) < wanted[m.spec.name]
-                 and shares_device(m.spec.profile.klass, m.spec.profile.memory_gb)
-                 for m in snap.models)
-    return {m.spec.name for m in snap.models
-            if (shared and m.spec.profile.memory_gb is not None)
-            or active.get(m.spec.name, 0) > wanted[m.spec.name]}
-
-
-def replicas_alike(last: dict[str, ReplicaView], snap: Snapshot,
-                   present: frozenset[str]) -> bool:
-    """Whether ``snap``'s replicas place as ``last``'s (by id) do, for snapshots of the
-    same models whose nodes place alike (``present``: their nodes not silent past
-    ``replace_after_s``): the same ids, each replica the same view or placed alike
-    (:func:`_placed_as`), and those whose readiness or start time moved all of models
-    whose readiness placement does not read (:func:`readiness_read`: the counts it reads
-    are the same in both). Only the replicas that are not the same view are compared."""
-    if len(snap.replicas) != len(last) or len({r.id for r in snap.replicas}) != len(last):
-        return False
-    moved = set()
-    for r in snap.replicas:
-        old = last.get(r.id)
-        if old is r:
-            continue
-        if old is None or _placed_as(old) != _placed_as(r):
-            return False
-        if (old.state == ReplicaState.READY, old.started) \
-                != (r.state == ReplicaState.READY, r.started):
-            moved.add(r.model)
-    return not moved or not moved & readiness_read(snap, present)
-
-
-_ACTIVE = frozenset(ACTIVE)
-
-
-class PlanMemo:
-    """The last snapshot placed and its plan: a pass whose snapshot places what the last
-    one did (a steady fleet: only report times moved, within the same answers; replicas
-    whose state moved where placement does not read it, :func:`replicas_alike`) gets a
-    copy of that plan without placing again. Placement is pure, so the copy is what it
-    would answer. The models are compared first (the memos' own view objects, mostly
-    identities), then the replicas that are not the views placed last; the nodes' inputs
-    only when those are alike. ``made`` (the reconciler's:
-    ``NODES.made`` as it built the snapshot) spares comparing the nodes themselves: while it
-    stays, the nodes of the same names are the views placed last, report times aside, so
-    only the names and the answers the report times give (:func:`liveness`) are compared;
-    once it moved, a node's inputs did, and the pass places without comparing."""
-
-    def __init__(self) -> None:
-        # the last snapshot placed, its plan, and its node inputs once they were needed
-        self.last: tuple[Snapshot, Plan] | None = None
-        self._inputs: tuple[Any, ...] | None = None
-        self._by_id: dict[str, ReplicaView] | None = None   # the last's replicas
-        self._present: frozenset[str] | None = None         # present_nodes of the last
-        self._made: int | None = None
-        self._live: tuple[tuple[str, ...], Any] | None = None
-        # what the planner read of the last snapshot's nodes alone (placement/nodebase.py)
-        self._nodes: NodeBase | None = None
-        self.placed = 0                 # plans made (not copied), for tests and benches
-        self.bases = 0                  # node bases made, for tests and benches
-
-    def place(self, snap: Snapshot, made: int | None = None) -> Plan:
-        last = self.last
-        same_nodes = last is not None and self._same_nodes(last[0], snap, made)
-        if last is None or not self._same(last[0], snap, made, same_nodes):
-            if not same_nodes or self._nodes is None:
-                # another fleet of nodes: read afresh (lazily: only if something is placed)
-                self._nodes = NodeBase(snap)
-                self.bases += 1
-                self._live = self._present = None
-            self.placed += 1
-            last = self.last = (snap, place(snap, self._nodes))
-            self._inputs = self._by_id = None
-        self._made = made
-        plan = last[1]
-        # a copy: the pass changes what it was handed (control/steps.py, a rollout's room)
-        return Plan(starts=list(plan.starts), stops=list(plan.stops),
-                    stop_reasons=dict(plan.stop_reasons), unplaceable=dict(plan.unplaceable))
-
-    def _same_nodes(self, last: Snapshot, snap: Snapshot, made: int | None) -> bool:
-        """Whether ``snap``'s nodes place as ``last``'s did, known without comparing them:
-        ``made`` did not move (each node's view is the one placed last, report time
-        aside), and the same names give the same answers of their report times."""
-        if made is None or made != self._made or last.node_timeout_s != snap.node_timeout_s \
-                or last.replace_after_s != snap.replace_after_s:
-            return False
-        if self._live is None:
-            self._live = (tuple(n.name for n in last.nodes), liveness(last))
-        names, live = self._live
-        return len(names) == len(snap.nodes) \
-            and names == tuple(n.name for n in snap.nodes) and live == liveness(snap)
-
-    def _same(self, last: Snapshot, snap: Snapshot, made: int | None, same_nodes: bool) -> bool:
-        if not (last.node_timeout_s == snap.node_timeout_s
-                and last.replace_after_s == snap.replace_after_s
-                and last.models == snap.models) or (made is not None and not same_nodes):
-            return False            # made moved: a node's inputs did (no compare)
-        if last.replicas != snap.replicas:
-            if self._by_id is None:
-                self._by_id = {r.id: r for r in last.replicas}
-            if len(self._by_id) != len(last.replicas) or not replicas_alike(
-                    self._by_id, snap, self._present_of(last, snap, made)):
-                return False
-        if made is not None:
-            return True             # same_nodes
-        if self._inputs is None:
-            self._inputs = node_inputs(last)
-        inputs = node_inputs(snap)
-        if inputs != self._inputs:
-            return False
-        self._inputs = inputs           # the same answers, this snapshot's objects
-        return True
-
-    def _present_of(self, last: Snapshot, snap: Snapshot, made: int | None
-                    ) -> frozenset[str]:
-        """``present_nodes`` of ``snap``, whose nodes give the same answers as the last's
-        when ``made`` is known (kept with those); else of ``snap`` itself (its nodes are
-        compared with the last's after)."""
-        if made is None or self._live is None:
-            return present_nodes(snap)
-        if self._present is None:
-            names, (_, silent) = self._live
-            self._present = frozenset(names) - {names[i] for i in silent}
-        return self._present
-
-
-PLANS = PlanMemo()

@@ -29,6 +29,7 @@ from .conftest import CPU, Api
 
 SETTINGS = Settings()
 WALKS: list[int] = []       # each pass's walks of every node (0: the changed nodes only)
+MADE: list[tuple[int, int]] = []    # each pass's replica views made, of how many
 NODES = [f"n{i}" for i in range(6)]
 MODELS = [f"m{i}" for i in range(5)]
 
@@ -81,7 +82,7 @@ def reconcile(store: Store, view: View) -> int:
         got = view.refresh(conn, now)
         want = fleet.read(conn)
         earlier = same(got, want, None if view.heard_s is None else now - view.heard_s / 2)
-        walks = snapshot.NODES.walks
+        walks, made = snapshot.NODES.walks, snapshot.REPLICAS.made
         changes = decide(got, now, SETTINGS)
         fleet.write(conn, changes, now)
         view.wrote(changes.node_problems)
@@ -90,6 +91,11 @@ def reconcile(store: Store, view: View) -> int:
     # walk's of the same rows
     assert snapshot.NODES.last == snapshot.NodeMemo().views(list(got.nodes.values()))
     WALKS.append(snapshot.NODES.walks - walks)
+    # the replica views it placed with, most of them taken by the record's identity, are
+    # what a fresh memo makes of the same rows (no record was changed in place)
+    inputs, views = snapshot.REPLICAS.last
+    assert views == snapshot.ReplicaMemo().views(*inputs)
+    MADE.append((snapshot.REPLICAS.made - made, len(views)))
     # the planner's node views, remembered across passes (records patched in place
     # included), are what a first sight of the full read's rows makes (report times
     # aside when the view holds earlier ones)
@@ -228,6 +234,7 @@ def test_the_incremental_view_never_diverges_from_a_full_read(
     rnd = random.Random(30)
     view = View(full_every=10**6, heard_s=heard_s)   # no periodic full read: the log
     WALKS.clear()
+    MADE.clear()
     ops = Ops(api, rnd)
     for node in NODES[:3]:
         ops.creds[node] = api.join(node)
@@ -240,6 +247,9 @@ def test_the_incremental_view_never_diverges_from_a_full_read(
     assert view.fulls == 1, "every pass after the first read only what changed"
     # the first pass walks every node, and so does one after a node joined or left
     assert WALKS[0] == 1 and 20 < WALKS.count(0) < len(WALKS), WALKS
+    # most replica views are the last pass's, taken by the record's identity
+    made, views = map(sum, zip(*MADE, strict=True))
+    assert made < views / 2, MADE
     if heard_s is not None:     # some times were held earlier than the store's
         assert any(earlier), earlier
     with api.store.begin() as conn:

@@ -1,7 +1,8 @@
-"""The reconciler's memos (control/snapshot.py): a pass whose snapshot places what the last
-one did gets the last plan again without placing; anything placement reads that moved (a
-node going silent or coming back, a replica, a model, a device) places again; and the plan
-handed out is always what ``placement.place`` answers for that snapshot."""
+"""The reconciler's memos (control/snapshot.py, control/planmemo.py): a pass whose snapshot
+places what the last one did gets the last plan again without placing; anything placement
+reads that moved (a node going silent or coming back, a replica, a model, a device) places
+again; and the plan handed out is always what ``placement.place`` answers for that
+snapshot."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 from dataclasses import replace
 from types import SimpleNamespace
 
-from llmgw_runtime.control import snapshot
+from llmgw_runtime.control import planmemo, snapshot
 from llmgw_runtime.placement import place
 
 from ..placement.builders import (
@@ -33,7 +34,7 @@ def moved(s, seconds: float, names: set[str] | None = None):
 
 
 def test_report_times_alone_do_not_place_again() -> None:
-    memo = snapshot.PlanMemo()
+    memo = planmemo.PlanMemo()
     first = small_fleet()
     plan = memo.place(first)
     assert plan == place(first) and plan.starts and memo.placed == 1
@@ -43,7 +44,7 @@ def test_report_times_alone_do_not_place_again() -> None:
 
 
 def test_what_placement_reads_places_again() -> None:
-    memo = snapshot.PlanMemo()
+    memo = planmemo.PlanMemo()
     base = snap([want(2, name="m")], [node("a", *gpus(1)), node("b", *gpus(1)),
                                       node("c", *gpus(1))])
     assert [s.node for s in memo.place(base).starts] == ["a", "b"]
@@ -64,7 +65,7 @@ def test_what_placement_reads_places_again() -> None:
 
 
 def test_a_replica_on_a_node_silent_past_replace_after_is_stopped_when_it_gets_there() -> None:
-    memo = snapshot.PlanMemo()
+    memo = planmemo.PlanMemo()
     base = snap([want(1, name="m")], [node("a", *gpus(1)), node("b", *gpus(1))],
                 [rep("r1", "m", "a", (0,))], replace_after=120.0)
     assert memo.place(moved(base, 60.0, names={"b"})).stops == []     # silent, not for long
@@ -73,7 +74,7 @@ def test_a_replica_on_a_node_silent_past_replace_after_is_stopped_when_it_gets_t
 
 
 def test_the_plan_handed_out_is_a_copy() -> None:
-    memo = snapshot.PlanMemo()
+    memo = planmemo.PlanMemo()
     s = small_fleet()
     memo.place(s).unplaceable["x"] = "changed by a pass"    # control/steps.py does this
     memo.place(s).starts.clear()
@@ -84,7 +85,7 @@ def test_the_memo_answers_what_placement_does_over_a_random_walk() -> None:
     """Seeded walk: each step moves report times (some past the timeouts), runs the last
     plan, or changes a model's wants; the memo's plan is place's after every step."""
     rnd = random.Random(11)
-    memo = snapshot.PlanMemo()
+    memo = planmemo.PlanMemo()
     s = small_fleet(seed=5, size=30)
     at = 0.0
     for _ in range(60):
@@ -113,7 +114,7 @@ def test_a_replica_state_placement_does_not_read_places_nothing_again() -> None:
     model with memory_gb or with more replicas than it wants (``replica_inputs``): the memo
     places again only when those moved, and its plan is placement's after every step."""
     rnd = random.Random(17)
-    memo = snapshot.PlanMemo()
+    memo = planmemo.PlanMemo()
     s = small_fleet(seed=9, size=12)
     s = as_running(s, place(s))
     copies = 0
@@ -147,7 +148,7 @@ def test_a_replica_on_a_silent_node_is_not_counted_when_telling_what_placement_r
     replaces it, on the device where n's replica runs with memory_gb: whether n's replica
     is ready (its memory already shows as used) or still starting (it reserves its 30 GB)
     changes the memory m's new replica leaves free, so the memo places again."""
-    memo = snapshot.PlanMemo()
+    memo = planmemo.PlanMemo()
     nodes = [node("a", gpu(0)), node("b", gpu(0), age=200.0)]
     models = [want(1, name="m", memory=30.0), want(1, name="n", memory=30.0)]
     ready = snap(models, nodes, [rep("rm", "m", "b", (0,)), rep("rn", "n", "a", (0,))],
@@ -158,7 +159,7 @@ def test_a_replica_on_a_silent_node_is_not_counted_when_telling_what_placement_r
     assert (first, second) == (place(ready), place(starting)) and first != second
     assert first.stops == ["rm"] and [s.node for s in second.starts] == ["a"]
     # as the reconciler runs it: the node views known unchanged (its NodeMemo's count)
-    memo = snapshot.PlanMemo()
+    memo = planmemo.PlanMemo()
     assert (memo.place(ready, 7), memo.place(starting, 7)) == (first, second)
 
 
@@ -186,7 +187,7 @@ def test_the_reconcilers_node_memo_tells_the_plan_memo_when_a_node_moved() -> No
     without comparing the nodes; a device gone unhealthy, a node gone silent, a node
     joining do,
     and each plan is placement's own."""
-    nodes, plans = snapshot.NodeMemo(), snapshot.PlanMemo()
+    nodes, plans = snapshot.NodeMemo(), planmemo.PlanMemo()
     rows = [SimpleNamespace(name=f"gpu-{i}", devices=device_text(),
                             engines='["llama.cpp", "vllm"]', weights="{}", fabric="ib-a", cordoned=0, drain=None,
                             last_report=NOW) for i in range(3)]
@@ -221,7 +222,7 @@ def test_a_pass_whose_replicas_changed_places_again_over_the_nodes_it_read_last(
     only report. Each plan is placed again and is placement's own, over the node base the
     memo read once (placement/nodebase.py); a node gone silent, one joining and a device
     gone unhealthy each make it read the nodes again."""
-    nodes, plans = snapshot.NodeMemo(), snapshot.PlanMemo()
+    nodes, plans = snapshot.NodeMemo(), planmemo.PlanMemo()
     rows = [SimpleNamespace(name=f"gpu-{i}", devices=device_text(), engines='["llama.cpp"]',
                             weights="{}", fabric="ib-a", cordoned=0, drain=None,
                             last_report=NOW) for i in range(4)]
@@ -252,3 +253,24 @@ def test_a_pass_whose_replicas_changed_places_again_over_the_nodes_it_read_last(
     rows[4] = SimpleNamespace(**{**vars(rows[4]), "devices": device_text(healthy=False)})
     got, expected = pass_(6.0, 4)
     assert got == expected and plans.bases == 4 and "gpu-4" not in {s.node for s in got.starts}
+
+
+def test_the_nodes_liveness_in_one_walk_is_the_one_rule_of_each_node() -> None:
+    """``planmemo.liveness`` (which the plan memo compares instead of report times)
+    answers what ``heard_from`` and ``silence`` answer of each node, at the bounds too:
+    a node never heard from, one just within the node timeout, one just past it."""
+    from llmgw_runtime.fleetvocab import heard_from
+    from llmgw_runtime.placement.capacity import silence
+
+    rnd = random.Random(5)
+    base = small_fleet()
+    for _ in range(500):
+        timeout, after = rnd.choice([(10.0, 30.0), (30.0, 10.0), (5.0, float("inf"))])
+        ages = [None, 0.0, timeout, after, timeout + 1e-9, after + 0.5, rnd.uniform(0, 60)]
+        nodes = tuple(node(f"n{i}", gpu(0), age=rnd.choice(ages)) for i in range(12))
+        s = replace(base, nodes=nodes, now=NOW, node_timeout_s=timeout,
+                    replace_after_s=after)
+        unheard, silent = planmemo.liveness(s)
+        assert unheard == tuple(i for i, n in enumerate(nodes)
+                                if not heard_from(n.last_report, NOW, timeout))
+        assert silent == tuple(i for i, n in enumerate(nodes) if silence(n, NOW) > after)
