@@ -6,12 +6,15 @@ on its own (thread CPU), under the churn of control_bench's scenario c.
 The fleet is bench/reconcile_bench.py's (N nodes x 8 GPUs, 1,000 models; 4,000 replicas
 from 5,000 nodes on), placed and ready, in a PostgreSQL started from
 tests/support/postgres.py. A ``Reconciler`` leads it with the gc keeper on (as its own
-process runs), on one core. Before each pass: half the nodes' report times move (a
-second of heartbeats at 10,000 agents every 2 s), four replicas restart (ready to
-starting, or back), four nodes send new device readings, and every tenth pass a catalog
-apply adds one replica to the first model or takes it back. Printed: each kind of pass's
-CPU (p50, mean, max) and the mean milliseconds of each part that ran. ``--root``: import
-llmgw_runtime from another checkout (a worktree of an older commit), to compare.
+process runs: ticked between passes), on one core. Before each pass: half the nodes'
+report times move (a second of heartbeats at 10,000 agents every 2 s), four replicas
+restart (ready to starting, or back), four nodes send new device readings, and every
+tenth pass a catalog apply adds one replica to the first model or takes it back.
+Printed: each kind of pass's CPU (p50, mean, max) and the mean milliseconds of each part
+that ran. ``--root``: import llmgw_runtime from another checkout (a worktree of an older
+commit), to compare.
+``--profile FILE``: cProfile the passes (their times then include its cost) and write the
+stats of those without an apply to FILE, of the others to FILE.apply.
 Analysis, not a target: not in ``make bench``.
 """
 
@@ -37,7 +40,8 @@ PARTS = [  # (module, owner, name): what is timed
     ("llmgw_runtime.control.decide", None, "_place"),
     ("llmgw_runtime.control.snapshot", None, "build"),
     ("llmgw_runtime.control.snapshot", None, "node_views"),
-    ("llmgw_runtime.control.snapshot", "PlanMemo", "place"),
+    ("llmgw_runtime.control.snapshot", "PlanMemo", "place"),      # before stop 48
+    ("llmgw_runtime.control.planmemo", "PlanMemo", "place"),
     ("llmgw_runtime.control.steps", "Pass", "__init__"),
     ("llmgw_runtime.control.steps", "Pass", "rolls"),
     ("llmgw_runtime.control.steps", "Pass", "leave"),
@@ -53,12 +57,15 @@ def timed(spent: dict[str, float]) -> None:
     import importlib
 
     for module, owner, name in PARTS:
-        where: Any = importlib.import_module(module)
+        try:
+            where: Any = importlib.import_module(module)
+        except ImportError:             # a build (``--root``) without this module
+            continue
         if owner is not None:
-            where = getattr(where, owner)
+            where = getattr(where, owner, None)
         label = f"{owner or module.rsplit('.', 1)[1]}.{name}"
         original = getattr(where, name, None)
-        if original is None:            # an older build (``--root``) without this part
+        if original is None:            # a build without this part
             continue
 
         def wrapper(*args: Any, __f: Any = original, __label: str = label,
@@ -77,6 +84,8 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=10000)
     ap.add_argument("--passes", type=int, default=30)
     ap.add_argument("--root", default=str(HERE), help="the checkout to import from")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="also profile the passes (cProfile): FILE, FILE.apply")
     args = ap.parse_args()
     sys.path.insert(0, args.root)
     sys.path.insert(1, str(HERE))
@@ -114,7 +123,12 @@ def main() -> int:
         leader.history.tick = lambda *a, **k: None      # type: ignore[method-assign]
         for _ in range(3):
             leader.run_cycle()
-        gckeeper.Keeper().start()
+        if hasattr(leader, "collect"):  # the keeper ticks between passes, as in its process
+            leader.keeper = gckeeper.Keeper()
+            between = leader.collect
+        else:                           # an older build: the keeper on its own thread
+            gckeeper.Keeper().start()
+            between = lambda: None      # noqa: E731
 
         def churn(step: int) -> None:
             beats = [f"gpu-{i:05d}" for i in range(step % 2, args.nodes, 2)]
@@ -148,13 +162,22 @@ def main() -> int:
         cpu: dict[str, list[float]] = collections.defaultdict(list)
         parts: dict[str, dict[str, float]] = collections.defaultdict(
             lambda: collections.defaultdict(float))
+        import cProfile
+        profiles = {kind: cProfile.Profile() for kind in ("plain", "apply")} \
+            if args.profile else {}
         for step in range(args.passes):
             churn(step)
-            time.sleep(0.3)               # the keeper's turn, as between real passes
+            between()
+            time.sleep(0.3)               # as between real passes
             spent.clear()
+            kind = "apply" if step % 10 == 9 else "plain"
+            profile = profiles.get(kind)
+            if profile is not None:
+                profile.enable()
             started = time.thread_time()
             leader.run_cycle()
-            kind = "apply" if step % 10 == 9 else "plain"
+            if profile is not None:
+                profile.disable()
             cpu[kind].append(time.thread_time() - started)
             for label, seconds in spent.items():
                 parts[kind][label] += seconds
@@ -165,6 +188,8 @@ def main() -> int:
                   f"{sum(values) / n * 1000:.1f} max {values[-1] * 1000:.1f}")
             for label, seconds in sorted(parts[kind].items(), key=lambda kv: -kv[1]):
                 print(f"  {label:28s} {seconds / n * 1000:7.1f} ms a pass")
+        for kind, profile in profiles.items():
+            profile.dump_stats(args.profile if kind == "plain" else f"{args.profile}.{kind}")
         store.dispose()
     finally:
         server.stop()

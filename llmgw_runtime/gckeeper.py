@@ -38,6 +38,8 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +53,14 @@ class Keeper:
         self.freeze_every_s = freeze_every_s
         self.unfreeze_every_s = unfreeze_every_s
         self.thawed_at: float | None = None     # the last full collection (monotonic)
+        self.ticked_at: float | None = None     # the last tick (monotonic)
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
 
     def tick(self, now: float) -> None:
         """Freeze what lives; first, once ``unfreeze_every_s`` has passed since the last
         time, unfreeze everything and collect it all (``now``: a monotonic clock)."""
+        self.ticked_at = now
         if self.thawed_at is None:
             self.thawed_at = now
         elif now - self.thawed_at >= self.unfreeze_every_s:
@@ -68,6 +72,11 @@ class Keeper:
                      "freed %d objects", time.perf_counter() - started, freed)
         gc.collect(1)
         gc.freeze()
+
+    def due(self, now: float) -> bool:
+        """Whether a tick is due at ``now`` (monotonic), for a caller that ticks the keeper
+        itself between its own work (the reconciler: :func:`paused` passes)."""
+        return self.ticked_at is None or now - self.ticked_at >= self.freeze_every_s
 
     def start(self) -> None:
         """Tick every ``freeze_every_s`` on a thread of its own (a greenlet in a gevent
@@ -82,3 +91,19 @@ class Keeper:
     def _run(self) -> None:
         while not self.stopped.wait(self.freeze_every_s):
             self.tick(time.monotonic())
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """The cyclic collector paused while a burst of short-lived objects is made (a status
+    summary's ~100,000, a reconcile pass's): each collection inside it would walk what the
+    burst holds so far and what was made since the last freeze, and a full one the same
+    (28-110 ms at 10,000 nodes, one in a few passes). Reference counting frees them as
+    always; the next collection, or the keeper's next tick, after it takes any cycle."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

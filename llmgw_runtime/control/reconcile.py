@@ -132,6 +132,8 @@ class Reconciler:
         # well before it could say anything else about the node than "heard"
         self.view = View(heard_s=min(config.node_timeout_s, config.replace_after_s))
         self.times = PassTimes()
+        # the garbage collector keeper of its process, ticked between passes (main)
+        self.keeper: gckeeper.Keeper | None = None
         self._pruned: float | None = None
         self._led_at: float | None = None     # when its last pass began (monotonic)
 
@@ -153,7 +155,8 @@ class Reconciler:
         if self._led_at is None or started - self._led_at > self.config.lease_ttl_s:
             self.view.reset()          # the lease may have lapsed (and been held) since
         try:
-            with self.store.begin() as conn:
+            # no collection inside the pass (gckeeper.paused): the keeper's tick after it
+            with gckeeper.paused(), self.store.begin() as conn:
                 now = self.store.now(conn)
                 if not repo.holds_lease(conn, LEASE, self.holder, now, lock=True):
                     self.is_leader = False
@@ -215,8 +218,17 @@ class Reconciler:
             except Exception:
                 log.exception("reconcile cycle failed unexpectedly; continuing")
                 self.is_leader = False
+            self.collect()
             self._stop.wait(self.config.reconcile_interval_s)
         self.release()
+
+    def collect(self) -> None:
+        """The process's garbage collector keeper, ticked between passes when due: its
+        collection and freeze never run while a pass waits (on a thread of its own they
+        took the interpreter from a pass at any time)."""
+        now = time.monotonic()
+        if self.keeper is not None and self.keeper.due(now):
+            self.keeper.tick(now)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run_forever, name="llmgw-reconcile", daemon=True)
@@ -265,7 +277,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     log.info("reconciler %s started (pid %d)", reconciler.holder, os.getpid())
-    gckeeper.Keeper().start()           # the fleet it keeps in memory leaves the walk
+    reconciler.keeper = gckeeper.Keeper()   # the fleet it keeps in memory leaves the walk
     try:
         reconciler.run_forever()
     finally:

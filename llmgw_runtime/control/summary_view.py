@@ -13,18 +13,16 @@ views of rows that did not change are kept (``Decoded``)."""
 
 from __future__ import annotations
 
-import gc
 import json
 import threading
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
 from ..coop import sliced
+from ..gckeeper import paused
 from ..status import summary as status_summary
 from ..store import repo
 from . import autoscale, drain
@@ -191,20 +189,6 @@ def renew_after_patch() -> None:
     HELD.__init__()  # type: ignore[misc]
 
 
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """The cyclic collector paused while a summary's ~100,000 short-lived objects are made
-    (each collection would walk the cache's long-lived ones too); reference counting
-    frees them as always."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 @dataclass(frozen=True)
 class Rows:
     """The fleet as the summary reads it, at the store's ``now``."""
@@ -239,7 +223,7 @@ def models_of(model_rows: list[Any], replica_rows: list[Any], now: float,
 def read(conn: Connection, now: float, settings: Settings, *, nodes: bool = True) -> Rows:
     """Models, nodes and replicas as the views show them, each table read once (the
     nodes left out, an empty list, when ``nodes`` is false: the Models page)."""
-    with no_gc():
+    with paused():
         model_rows, node_rows, replica_rows, parts, reports = HELD.fleet(conn)
         models = models_of(model_rows, replica_rows, now, settings.backoff)
         node_dicts, facts = DECODED.nodes(node_rows, reports) if nodes else ([], {})
@@ -250,7 +234,7 @@ def read(conn: Connection, now: float, settings: Settings, *, nodes: bool = True
 def build(rows: Rows, settings: Settings, *, idle_after_s: float,
           store: dict[str, Any]) -> dict[str, Any]:
     """The summary of rows read by ``read`` (pure)."""
-    with no_gc():
+    with paused():
         return status_summary.build(rows.models, rows.nodes, rows.replicas, rows.now,
                                     settings.node_timeout_s, idle_after_s=idle_after_s,
                                     store=store, facts=rows.facts)
