@@ -35,6 +35,15 @@ def test_cross_field_rules_are_checked() -> None:
     assert len(info.value.details) == 3
 
 
+def test_a_web_nice_out_of_range_names_the_range() -> None:
+    for bad in ("-1", "20"):
+        with pytest.raises(ConfigError) as info:
+            settings.load(ControlConfig, env={"LLMGW_WEB_NICE": bad})
+        assert info.value.details == [f"LLMGW_WEB_NICE={bad} must be a nice value from 0 "
+                                      "(the reconciler's priority) to 19"]
+    assert settings.load(ControlConfig, env={"LLMGW_WEB_NICE": "0"}).web_nice == 0
+
+
 def test_unprefixed_variables_are_ignored() -> None:
     assert settings.load(ControlConfig, env={"PORT": "1"}).port == 8470
 

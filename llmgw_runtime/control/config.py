@@ -33,6 +33,9 @@ class ControlConfig:
     # Connections each worker holds open: every agent and router keeps one alive, so at
     # least the number of agents (gunicorn's default, 1,000, refused the 1,001st agent).
     worker_connections: int = 5000
+    # How much lower the web workers' CPU priority is than the reconciler's (nice, 0-19):
+    # on a busy host a pass waits for a core behind them otherwise (docs/operations.md).
+    web_nice: int = 5
     # Bootstrap secrets: when given, their hashes are stored at start. No defaults: when
     # absent and none is stored yet, the server generates one and shows it once.
     admin_token: str = ""
@@ -103,6 +106,9 @@ class ControlConfig:
         if self.worker_connections < 1:
             problems.append("LLMGW_WORKER_CONNECTIONS must be at least 1 (each agent and "
                             "router keeps a connection open: at least the number of agents)")
+        if not 0 <= self.web_nice <= 19:
+            problems.append(f"LLMGW_WEB_NICE={self.web_nice} must be a nice value from 0 "
+                            "(the reconciler's priority) to 19")
         if not 0 < self.store_wait_s <= 60:
             problems.append(f"LLMGW_STORE_WAIT_S={self.store_wait_s:g} must be above 0 and at "
                             "most 60 seconds (keep twice it below your clients' timeouts)")

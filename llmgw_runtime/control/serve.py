@@ -57,7 +57,9 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             self.cfg.set("control_socket_disable", True)
 
     def load(self) -> Any:
-        # In the worker (no preload): its steady nodes' last reports are written in batches.
+        # In the worker (no preload): below the reconciler's priority (LLMGW_WEB_NICE),
+        # its steady nodes' last reports written in batches.
+        os.nice(self.llmgw_config.web_nice)
         app = create_app(self.llmgw_config)
         app.extensions["llmgw.heartbeats"].start()
         gckeeper.Keeper().start()       # no collector stops of a second at fleet scale

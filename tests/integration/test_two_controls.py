@@ -180,6 +180,14 @@ def test_two_control_hosts_share_the_agents_and_one_reconciler(
                    10, "heartbeats answered by both hosts")
         assert a.leads() and not b.leads()
         assert "took leadership" not in b.proc.log.read_text()
+        # each host's web worker runs below its reconciler's CPU priority (LLMGW_WEB_NICE,
+        # 5): on a busy host a pass does not wait for a core behind the workers
+        for host in hosts:
+            kids = children(host.proc.pid)
+            reconciler = [pid for pid, argv in kids if "llmgw_runtime.control.reconcile" in argv]
+            workers = [pid for pid, argv in kids if "server" in argv]
+            assert len(reconciler) == 1 and len(workers) == 1, kids
+            assert nice(workers[0]) == nice(reconciler[0]) + 5 == nice(host.proc.pid) + 5
 
         # Host A stops: its agents move to B (as a load balancer in front would send them),
         # whose answer to their first heartbeat asks for the full report it does not hold.
@@ -212,3 +220,24 @@ def test_two_control_hosts_share_the_agents_and_one_reconciler(
             agent.thread.join(5)
         for host in hosts:
             host.proc.stop()
+
+
+def children(pid: int) -> list[tuple[int, list[str]]]:
+    """The processes whose parent is ``pid``, with their command lines."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append((int(entry.name), argv))
+    return found
+
+
+def nice(pid: int) -> int:
+    """A process's nice value (/proc/PID/stat's 19th field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
