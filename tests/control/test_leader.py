@@ -4,6 +4,7 @@ when the leader stops. The leader's pass runs without the garbage collector."""
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from typing import Any
@@ -138,3 +139,22 @@ def test_no_collection_stops_a_pass_and_the_keeper_ticks_between_passes(
         rec.stop()
         thread.join(10)
         gc.unfreeze()
+
+
+def test_the_minutes_history_sample_runs_below_the_passes_priority(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The history sample (a second or more of work once a minute at fleet scale) runs at
+    the web workers' priority, LLMGW_WEB_NICE below the reconciler's, on a thread of its
+    own; the pass's thread keeps its priority."""
+    rec = Reconciler(store, ControlConfig(reconcile_interval_s=0.05, lease_ttl_s=5.0))
+    samples: list[tuple[str, int]] = []
+
+    def sample(*args: Any) -> None:
+        samples.append((threading.current_thread().name,
+                        os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+
+    monkeypatch.setattr(rec.history, "tick", sample)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert rec.run_cycle()
+    assert samples == [("llmgw-history", min(19, mine + rec.config.web_nice))]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
