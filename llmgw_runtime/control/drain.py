@@ -16,6 +16,7 @@ rules in a reconcile pass; control/fleet.py and control/drain_ops.py store them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +162,12 @@ def draining_node(row: Any) -> bool:
     """Its replicas are moving elsewhere (a drain not done yet)."""
     drain = node_drain(row)
     return drain is not None and not drain.get("done")
+
+
+def draining_nodes(rows: Iterable[Any]) -> set[str]:
+    """The names of the nodes whose replicas are moving elsewhere (:func:`draining_node`;
+    a node with no drain at all is passed over without parsing)."""
+    return {row.name for row in rows if getattr(row, "drain", None) and draining_node(row)}
 
 
 def replica_nodes(rep: Any, parts: list[Any]) -> set[str]:

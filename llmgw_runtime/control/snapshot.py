@@ -19,7 +19,7 @@ from ..placement import (
     Snapshot,
 )
 from ..store.models import spec_of
-from .drain import cordoned, draining_node, is_draining, replica_nodes
+from .drain import cordoned, draining_nodes, is_draining, replica_nodes
 from .states import in_backoff, wanted_replicas
 
 
@@ -274,10 +274,10 @@ def node_views(nodes: list[Any], since: tuple[int, int, frozenset[str]] | None =
 
 
 def replica_view(r: Any, parts: Any, leaving: set[str], current: dict[str, str | None],
-                 memo: Memo | None = None) -> ReplicaView:
+                 memo: Memo) -> ReplicaView:
     """The planner's view of a replica's row and worker parts (``leaving``: the draining
-    nodes; ``current``: each model's definition), remembered as node views are."""
-    memo = REPLICAS if memo is None else memo
+    nodes; ``current``: each model's definition), remembered in ``memo`` as node views
+    are (``ReplicaMemo.views``)."""
     counts = not is_draining(r) and not (leaving and replica_nodes(r, parts) & leaving)
     old = getattr(r, "definition_hash", None) not in (None, current.get(r.model))
     values = (*_REPLICA_KEY(r), counts, old, *((p.rank, p.node, p.devices) for p in parts))
@@ -309,7 +309,7 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
     for rep in replicas:
         by_model.setdefault(rep.model, []).append(rep)
     if leaving is None:
-        leaving = {n.name for n in nodes if getattr(n, "drain", None) and draining_node(n)}
+        leaving = draining_nodes(nodes)
     current = {m.name: getattr(m, "definition_hash", None) for m in models}
     targets = targets or {}
     model_views = tuple(

@@ -63,8 +63,7 @@ class Pass:
     def __init__(self, fleet: Any, models: dict[str, Any], now: float, settings: Any) -> None:
         self.fleet, self.models, self.now, self.settings = fleet, models, now, settings
         self.by_id = {r.id: r for r in fleet.replicas}
-        self.draining_nodes = {n for n, row in fleet.nodes.items()
-                               if getattr(row, "drain", None) and drain.draining_node(row)}
+        self.draining_nodes = drain.draining_nodes(fleet.nodes.values())
         self.forced_nodes = {n for n in self.draining_nodes
                              if (drain.node_drain(fleet.nodes[n]) or {}).get("force")}
         self.stopped: set[str] = set()        # drained or stopped in this pass
