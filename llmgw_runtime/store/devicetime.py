@@ -29,8 +29,8 @@ class DeviceTime(NamedTuple):
 
 def add(conn: Connection, seconds: Mapping[Bucket, float]) -> None:
     """Add ``seconds`` (by (hour start, model, device class)) to the rows there, inserting
-    those not there yet (one statement executed for every row; zero and negative amounts
-    are left out)."""
+    those not there yet (a statement a thousand rows, upsert.put_rows; zero and negative
+    amounts are left out)."""
     rows = [{"bucket": float(bucket), "model": model, "device_class": device_class,
              "seconds": float(amount)}
             for (bucket, model, device_class), amount in sorted(seconds.items())

@@ -23,7 +23,7 @@ from ..api.fields import MAX_INT
 from ..api.history import HOUR_S, MINUTE_S
 from ..api.router import FIRST_BYTE_BUCKETS_S
 from .schema import history_classes, history_models
-from .upsert import insert, most, summed
+from .upsert import insert, most, put_rows, summed
 
 MAX_COUNT = MAX_INT               # a stored count stops here (JSON's exact integers)
 MAX_GAUGE = 1_000_000             # and a gauge here (api.fields.SmallCount)
@@ -31,6 +31,8 @@ N_BUCKETS = len(FIRST_BYTE_BUCKETS_S) + 1
 GAUGES = ("ready", "wanted", "waiting", "busy", "slots")    # the most seen in a period
 COUNTS = ("refused", "requests")                             # summed over a period
 CLASS_GAUGES = ("devices", "used", "replicas")
+MODEL_KEYS = ("model", "step", "t")                          # a row's key
+CLASS_KEYS = ("device_class", "step", "t")
 
 
 def period_of(when: float, step: int) -> float:
@@ -78,7 +80,7 @@ def add_post(conn: Connection, model: str, minute: float, *, requests: int, refu
     set_ = {**{c: summed(history_models, stmt, c, MAX_COUNT) for c in COUNTS},
             **{c: most(history_models, stmt, c) for c in ("waiting", "busy")}}
     stored = conn.execute(stmt.on_conflict_do_update(
-        index_elements=["model", "step", "t"], set_=set_)
+        index_elements=list(MODEL_KEYS), set_=set_)
         .returning(history_models.c.first_byte)).scalar_one()
     if any(first_byte):
         merged = add_counts(parse_counts(stored), first_byte)
@@ -97,20 +99,14 @@ def put_minute(conn: Connection, minute: float, models: Iterable[dict[str, Any]]
     model_rows = [{"model": m["model"], "step": MINUTE_S, "t": minute,
                    **{c: min(int(m.get(c, 0)), MAX_GAUGE) for c in GAUGES}}
                   for m in models]
-    if model_rows:
-        stmt = insert(conn, history_models)
-        set_ = {c: stmt.excluded[c] for c in ("ready", "wanted", "slots")}
-        set_.update({c: most(history_models, stmt, c) for c in ("waiting", "busy")})
-        conn.execute(stmt.on_conflict_do_update(index_elements=["model", "step", "t"],
-                                                set_=set_), model_rows)
+    put_rows(conn, history_models, MODEL_KEYS, model_rows, lambda stmt: {
+        **{c: stmt.excluded[c] for c in ("ready", "wanted", "slots")},
+        **{c: most(history_models, stmt, c) for c in ("waiting", "busy")}})
     class_rows = [{"device_class": c["device_class"], "step": MINUTE_S, "t": minute,
                    **{g: min(int(c.get(g, 0)), MAX_GAUGE) for g in CLASS_GAUGES}}
                   for c in classes]
-    if class_rows:
-        stmt = insert(conn, history_classes)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=["device_class", "step", "t"],
-            set_={g: stmt.excluded[g] for g in CLASS_GAUGES}), class_rows)
+    put_rows(conn, history_classes, CLASS_KEYS, class_rows,
+             lambda stmt: {g: stmt.excluded[g] for g in CLASS_GAUGES})
 
 
 def put_hours(conn: Connection, models: Iterable[dict[str, Any]],
@@ -119,18 +115,10 @@ def put_hours(conn: Connection, models: Iterable[dict[str, Any]],
     or written again over the same hour's rows (a rollup run twice gives the same)."""
     model_rows = [{**{k: v for k, v in m.items() if k != "first_byte"}, "step": HOUR_S,
                    "first_byte": counts_text(m.get("first_byte") or ())} for m in models]
-    if model_rows:
-        stmt = insert(conn, history_models)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=["model", "step", "t"],
-            set_={c: stmt.excluded[c] for c in (*GAUGES, *COUNTS, "first_byte")}),
-            model_rows)
-    class_rows = [{**c, "step": HOUR_S} for c in classes]
-    if class_rows:
-        stmt = insert(conn, history_classes)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=["device_class", "step", "t"],
-            set_={g: stmt.excluded[g] for g in CLASS_GAUGES}), class_rows)
+    put_rows(conn, history_models, MODEL_KEYS, model_rows,
+             lambda stmt: {c: stmt.excluded[c] for c in (*GAUGES, *COUNTS, "first_byte")})
+    put_rows(conn, history_classes, CLASS_KEYS, [{**c, "step": HOUR_S} for c in classes],
+             lambda stmt: {g: stmt.excluded[g] for g in CLASS_GAUGES})
 
 
 def last_hour(conn: Connection) -> float | None:
