@@ -231,6 +231,8 @@ class Pass:
         stops = set(plan.stops)
         for name, roll in rolls.items():
             reason = plan.unplaceable.get(name)
+            if not (reason or roll.parts.old or roll.parts.going):
+                continue    # nothing leaves, no reason to word: most models, every pass
             forced = bool(reason) and any(self.nodes_of(r) & self.forced_nodes
                                           for r in roll.parts.going)
             parts = rollout.Split(old=[r for r in roll.parts.old if r.id not in stops],
@@ -278,6 +280,8 @@ class Pass:
                     changes.events.append(("catalog", name, f"model {name} removed: its "
                                             "last replica stopped"))
                 continue
+            if not getattr(model, "rollout_state", None):
+                continue    # nothing rolling (rollout.done: None), most models
             if any(rollout.is_old(r, model.definition_hash) for r in wanted.get(name, [])
                    if r.id not in gone):
                 continue
