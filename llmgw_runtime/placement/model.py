@@ -38,9 +38,16 @@ class NodeView:
     # The classes of its devices, in name order: made once with the view (the planner asks
     # every pass, of every node).
     classes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    # Its healthy devices by class, made once with the view too: the planner's index of a
+    # class counts them on every node that has one (10,000 nodes each time it places).
+    healthy: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "classes", tuple(sorted({d.klass for d in self.devices})))
+        healthy = dict.fromkeys(self.classes, 0)
+        for dev in self.devices:
+            healthy[dev.klass] += dev.healthy
+        object.__setattr__(self, "healthy", healthy)
 
     def reported(self, last_report: float | None) -> NodeView:
         """This view with another report time: a copy, made without the work of a new one

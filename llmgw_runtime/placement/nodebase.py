@@ -1,6 +1,6 @@
 """What the planner's capacity bookkeeping (capacity.py) reads of the nodes alone: their
 names in rank order, which report and take replicas, the classes each has, and what later
-queries count of them (healthy devices per class, who holds which weights).
+queries count of them (who holds which weights; healthy devices per class, from the views).
 
 None of it depends on the replicas, so a pass that places again because replicas changed,
 over nodes whose placement inputs and liveness did not (control/snapshot.py ``PlanMemo``:
@@ -28,8 +28,6 @@ class NodeBase:
         self.alive: list[int] = []                  # reporting and not cordoned (ranks)
         self.alive_set: frozenset[int] = frozenset()
         self.classes: dict[str, list[int]] = {}     # class -> alive ranks that have one
-        # rank -> class -> healthy devices, counted when an index first needs the node
-        self.healthy: dict[int, dict[str, int]] = {}
         # source -> (ranks holding it on their own, fabrics whose filer holds it)
         self.holders: dict[str, tuple[frozenset[int], frozenset[Group]]] | None = None
 
@@ -56,12 +54,9 @@ class NodeBase:
         return self
 
     def healthy_count(self, rank: int, klass: str) -> int:
-        counts = self.healthy.get(rank)
-        if counts is None:
-            counts = self.healthy[rank] = {}
-            for dev in self.views[self.names[rank]].devices:
-                counts[dev.klass] = counts.get(dev.klass, 0) + (1 if dev.healthy else 0)
-        return counts.get(klass, 0)
+        """The node's healthy devices of ``klass`` (counted once per view:
+        ``NodeView.healthy``)."""
+        return self.views[self.names[rank]].healthy.get(klass, 0)
 
     def holding(self, source: str) -> tuple[frozenset[int], frozenset[Group]]:
         """Ranks of nodes holding ``source`` on their own, and fabrics sharing it (a filer
