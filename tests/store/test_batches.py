@@ -7,6 +7,7 @@ pass's hundred of them were most of its wall time)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -80,6 +81,22 @@ def test_events_are_stored_in_the_order_they_were_decided(store: Store) -> None:
         "last"]
 
 
+def statements(store: Store, write: Callable[[Any], None]) -> list[str]:
+    """The statements ``write`` sends in a transaction of its own."""
+    sent: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        with store.begin() as conn:
+            write(conn)
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", count)
+    return sent
+
+
 def test_a_pass_writes_its_rows_in_a_few_statements(store: Store) -> None:
     """Twenty deletes, starts and stops and sixty events: a dozen statements, as many as
     for one of each (each was a statement, three for a delete: 160 in all)."""
@@ -93,17 +110,7 @@ def test_a_pass_writes_its_rows_in_a_few_statements(store: Store) -> None:
     decided.starts = [Start(replica_id=f"new{i}", model="tiny", node="n2", devices=(0,))
                       for i in range(20)]
     decided.events = [("replica", f"r{i}", f"event {i}") for i in range(60)]
-    sent: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement)
-
-    sa.event.listen(store.engine, "before_cursor_execute", count)
-    try:
-        with store.begin() as conn:
-            fleet.write(conn, decided, now)
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", count)
+    sent = statements(store, lambda conn: fleet.write(conn, decided, now))
     writes = [s for s in sent if not s.lstrip().upper().startswith(("SAVEPOINT", "RELEASE"))]
     assert len(writes) <= 12, writes
     with store.begin() as conn:
@@ -124,17 +131,8 @@ def test_a_thousand_upserted_rows_go_in_pages_not_one_statement_each(store: Stor
     pending = {(3600.0, f"m{i:04d}", "h100-80g"): 2.0 for i in range(1500)}
     with store.begin() as conn:
         devicetime.add(conn, pending)
-    sent: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement)
-
-    sa.event.listen(store.engine, "before_cursor_execute", count)
-    try:
-        with store.begin() as conn:
-            devicetime.add(conn, {**pending, (7200.0, "m0000", "h100-80g"): 1.0})
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", count)
+    sent = statements(store, lambda conn: devicetime.add(
+        conn, {**pending, (7200.0, "m0000", "h100-80g"): 1.0}))
     # rows a statement sends: its VALUES (...), (...) groups
     sizes = sorted(s.count("), (") + 1 for s in sent if s.lstrip().upper().startswith("INSERT"))
     assert sizes == [501, 1000], sizes
