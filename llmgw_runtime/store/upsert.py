@@ -37,8 +37,8 @@ def put_rows(conn: Connection, table: sa.Table, keys: Sequence[str],
     change the row there with the same ``keys`` as ``set_(stmt)`` says (``stmt``: the
     statement, for ``stmt.excluded``; no bound parameters of its own), a thousand rows a
     statement. An upsert handed a list of rows runs once per row (1,000 round trips a
-    minute for the GPU-hours and the history of 1,000 models: 125-250 ms of a
-    reconciler pass at 10,000 nodes) unless it returns something: then SQLAlchemy's
+    minute for the GPU-hours of 1,000 models: 90-470 ms of a reconciler pass at 10,000
+    nodes; as many for the history's points) unless it returns something: then SQLAlchemy's
     "insertmanyvalues" sends its rows as VALUES (...), (...) ... pages. So it returns the
     first key. Two rows with the same keys in one statement are an error in PostgreSQL
     (a row changed twice): they raise ValueError here, naming the keys."""
