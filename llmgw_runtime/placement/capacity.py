@@ -175,6 +175,12 @@ class _Index:
             out.append(rank)
         return out
 
+    def put_last(self, rank: int, group: Group, bucket: Bucket) -> None:
+        """:meth:`put` of a rank above every rank put so far, not put before (an index
+        filled in rank order: 10,000 nodes each time a plan first asks for a class)."""
+        self.buckets.setdefault(group, {}).setdefault(bucket, []).append(rank)
+        self.pos[rank] = (group, bucket)
+
     def put(self, rank: int, group: Group, bucket: Bucket | None) -> None:
         old = self.pos.get(rank)
         if old == (group, bucket):
@@ -272,17 +278,19 @@ class Capacity:
         ix = self._indexes.get((klass, engine))
         if ix is None:
             ix = self._indexes[(klass, engine)] = _Index()
-            for rank in self.classes.get(klass, ()):
-                view = self.views[self.names[rank]]
-                healthy = self.base.healthy_count(rank, klass)
-                if engine not in view.engines or not healthy:
+            views, names, states, uses = self.views, self.names, self._states, self._uses
+            for rank in self.classes.get(klass, ()):        # in rank order
+                view = views[names[rank]]
+                healthy = view.healthy.get(klass, 0)
+                if not healthy or engine not in view.engines:
                     continue
                 ix.members.add(rank)
-                ix.maxf = max(ix.maxf, healthy)
-                if rank in self._states or rank in self._uses:
+                if healthy > ix.maxf:
+                    ix.maxf = healthy
+                if rank in states or rank in uses:
                     self._reindex(ix, self.node(rank), klass)
                 else:                           # nothing on it yet: whole, every one free
-                    ix.put(rank, view.fabric, (True, healthy))
+                    ix.put_last(rank, view.fabric, (True, healthy))
         return ix
 
     # -- weights ---------------------------------------------------------------------------

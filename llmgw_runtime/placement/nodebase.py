@@ -53,11 +53,6 @@ class NodeBase:
                 self.classes.setdefault(klass, []).append(rank)
         return self
 
-    def healthy_count(self, rank: int, klass: str) -> int:
-        """The node's healthy devices of ``klass`` (counted once per view:
-        ``NodeView.healthy``)."""
-        return self.views[self.names[rank]].healthy.get(klass, 0)
-
     def holding(self, source: str) -> tuple[frozenset[int], frozenset[Group]]:
         """Ranks of nodes holding ``source`` on their own, and fabrics sharing it (a filer
         seen by any node of the fabric, even a silent one: the filer is still there)."""
