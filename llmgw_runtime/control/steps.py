@@ -280,16 +280,15 @@ class Pass:
                     changes.events.append(("catalog", name, f"model {name} removed: its "
                                             "last replica stopped"))
                 continue
-            if not getattr(model, "rollout_state", None):
-                continue    # nothing rolling (rollout.done: None), most models
-            if any(rollout.is_old(r, model.definition_hash) for r in wanted.get(name, [])
-                   if r.id not in gone):
-                continue
+            # asked first: nothing rolls for most models, and then their replicas are
+            # not walked for an old one
             ended = rollout.done(model, self.now)
-            if ended is not None:
-                keys, event = ended
-                changes.roll(model, **keys)
-                changes.events.append((rollout.EVENT, name, event))
+            if ended is None or any(rollout.is_old(r, model.definition_hash)
+                                    for r in wanted.get(name, []) if r.id not in gone):
+                continue
+            keys, event = ended
+            changes.roll(model, **keys)
+            changes.events.append((rollout.EVENT, name, event))
         used = set().union(*(self.nodes_of(r) for reps in wanted.values() for r in reps)) \
             if self.draining_nodes else set()
         for name in sorted(self.draining_nodes - used):
