@@ -17,7 +17,7 @@ from ..status.telling import error_line
 from ..throttle import ROUTER, Throttle, retry_after
 from .admission.affinity import prefix_key
 from .admission.gate import Gate, Lease
-from .admission.gone import client_gone
+from .admission.gone import client_gone, watch_client
 from .balancer import Balancer
 from .canary import VersionBook, VersionTap, pick
 from .config import RouterConfig
@@ -340,6 +340,9 @@ class RouterState:
         gate, usable = self.gate, self.balancer.usable
         keyed: list[bytes | None] = []
 
+        def watch(wake: Callable[[], None]) -> Callable[[], None]:
+            return watch_client(environ, wake)
+
         def for_route(route: RouteModel) -> tuple[Admit, Sequence[Endpoint], str | None]:
             prefix = None
             if route.routing == "prefix-affinity":
@@ -351,7 +354,7 @@ class RouterState:
             def admit(endpoints: Sequence[Endpoint]) -> Lease | None:
                 return gate.admit(model, endpoints, key_id, priority,  # type: ignore[arg-type]
                                   prefix, route.max_queue, route.max_wait_s,
-                                  lambda: client_gone(environ))
+                                  lambda: client_gone(environ), None, watch)
             if version is None:
                 return admit, route.endpoints, None
 
@@ -360,7 +363,7 @@ class RouterState:
                                   priority, prefix,  # type: ignore[arg-type]
                                   route.max_queue, route.max_wait_s,
                                   lambda: client_gone(environ),
-                                  frozenset(e.replica_id for e in endpoints))
+                                  frozenset(e.replica_id for e in endpoints), watch)
             return admit_version, version[1], version[0]
         return for_route
 

@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 POLL_S = 0.005           # how often a worker looks for slots other workers freed, while
                          # they hold slots its waiting requests could take
 IDLE_POLL_S = 1.0        # else at most this long, until the next max_wait_s expiry
-WAIT_STEP_S = 0.5        # how often a waiting request checks that its client is there
+WAIT_STEP_S = 1.0        # how often a waiting request asks whether its client is there
+                         # (a backstop: under gevent the client's socket wakes it at once)
 _MAX_SAMPLES = 2000      # wait times kept per model between two capacity reports
 
 
@@ -112,13 +113,17 @@ class Gate(Reports):
     def admit(self, model: str, endpoints: Sequence[Endpoint], key_id: str,
               priority: Priority, prefix: bytes | None, max_queue: int, max_wait_s: float,
               gone: Callable[[], bool] = lambda: False,
-              only: frozenset[str] | None = None) -> Lease | None:
+              only: frozenset[str] | None = None,
+              watch: Callable[[Callable[[], None]], Callable[[], None]] | None = None
+              ) -> Lease | None:
         """A slot at one of ``endpoints`` (the model's usable ones; ``only``: those of them
         this request may take, a canary's version), waiting for it when every slot is
         taken; None when there is no replica (the caller waits for the model). A replica
         the routes table says drains takes none (a route read before that table came
         may still list it). Raises ModelAtCapacity (queue full, waited too long) or
-        ClientGone."""
+        ClientGone: ``gone`` asks whether the client is still there, every
+        :data:`WAIT_STEP_S` and whenever ``watch`` (given the waiter's wake-up) says its
+        socket turned readable."""
         if self._draining:
             draining = self._draining
             endpoints = [e for e in endpoints if e.replica_id not in draining]
@@ -148,11 +153,12 @@ class Gate(Reports):
             return Lease(self._endpoints[model][decision.replica], self, core, model, now,
                          decision.at_home)
         if isinstance(decision, Queued):
-            return self._wait(core, model, decision.ticket, gone)
+            return self._wait(core, model, decision.ticket, gone, watch)
         return self._refused(core, model, decision)
 
-    def _wait(self, core: Admission, model: str, ticket: Ticket,
-              gone: Callable[[], bool]) -> Lease | None:
+    def _wait(self, core: Admission, model: str, ticket: Ticket, gone: Callable[[], bool],
+              watch: Callable[[Callable[[], None]], Callable[[], None]] | None
+              ) -> Lease | None:
         event = threading.Event()
         ticket.waiter = event
         if ticket.outcome is not None:
@@ -162,10 +168,11 @@ class Gate(Reports):
         self._queued_at.setdefault(model, {})[ticket.id] = ticket.enqueued_at
         self._metrics.queue_depth.labels(model).inc()
         self._ensure_poller()
+        unwatch = watch(event.set) if watch is not None else None
         try:
             while ticket.outcome is None:
-                if event.wait(WAIT_STEP_S):
-                    break
+                event.wait(WAIT_STEP_S)
+                event.clear()     # an outcome set before this is seen just below
                 if ticket.outcome is None and gone():
                     with self._counts.locked():
                         core.cancel(ticket, self._clock())
@@ -180,6 +187,8 @@ class Gate(Reports):
                     self._sync(core, model, self._replicas.get(model, ()))
             raise
         finally:
+            if unwatch is not None:
+                unwatch()
             self._waiting -= 1
             self._queued_at.get(model, {}).pop(ticket.id, None)
             waited = self._clock() - ticket.enqueued_at
