@@ -18,13 +18,13 @@ reading:
   finds that the view lacks (a node written without a log entry, as before revision
   0019) is read whole, one the view has that the read lacks is dropped. The reconciler's
   view (``heard_s``) reads a node's report columns again only once the report time it
-  holds is ``heard_s / 2`` old, or none: a time it holds is then an earlier report's
-  than the store's, but says the same at the pass (the node is heard within the node
-  timeout, not silent past replace_after_s), and 10,000 nodes reporting every 2 s are
-  read a few hundred a pass, not all of them. It learns of a node that joined from the
-  join's log entry (``repo.set_node_credential``): a read of the nodes never heard from
-  was a scan of the whole table each pass (an index on ``last_report`` would cost every
-  heartbeat's update its HOT path).
+  holds is ``heard_s / 2`` old (none: only a logged write gives it one): a time it holds
+  is then an earlier report's than the store's, but says the same at the pass (the node
+  is heard within the node timeout, not silent past replace_after_s), and 10,000 nodes
+  reporting every 2 s are read a few hundred a pass, not all of them. It learns of a
+  node that joined from the join's log entry (``repo.set_node_credential``): a read of
+  the nodes never heard from was a scan of the whole table each pass (an index on
+  ``last_report`` would cost every heartbeat's update its HOT path).
 
 Everything is read again on the first pass, after :meth:`View.reset` (the reconciler calls
 it when it takes the lease and when a pass fails) and when the log says so
@@ -431,12 +431,15 @@ class View:
         than the setting.
 
         Every node's, or with ``heard_s`` and ``now`` only those whose report time held is
-        ``heard_s / 2`` old or more, or none (a node that joined is read whole first: its
-        join is logged): a node reporting every 2 s is read about
-        every ``heard_s / 2`` s, not every pass. The others' times are earlier than the
-        store's but within ``heard_s / 2`` of ``now``, so every answer the pass draws from
-        them is the same (heard, not silent); ``plan_problem``, the pass's own, is set by
-        :meth:`wrote`."""
+        ``heard_s / 2`` old or more: a node reporting every 2 s is read about every
+        ``heard_s / 2`` s, not every pass. The others' times are earlier than the store's
+        but within ``heard_s / 2`` of ``now``, so every answer the pass draws from them is
+        the same (heard, not silent). A node held with no report time (joined and never
+        reported, or its agent said it stopped) is not read: only a logged write gives it
+        one (its first report after none, ``repo.record_report``; the heartbeat writer
+        never revives it), and the log has it read whole. Reading those every pass was a
+        read of each node of a fleet that joins before its agents start (10,000 a pass).
+        ``plan_problem``, the pass's own, is set by :meth:`wrote`."""
         nodes = self.nodes
         new = set()
         if self.heard_s is None or now is None:
@@ -446,7 +449,7 @@ class View:
         else:
             before = now - self.heard_s / 2
             asked = {name for name, row in nodes.items()
-                     if row.last_report is None or row.last_report < before}
+                     if row.last_report is not None and row.last_report < before}
             found = _reports_of(conn, asked)
             self._touch(asked)
         for name, last_report, plan_problem in found:

@@ -16,7 +16,7 @@ import pytest
 
 from llmgw_runtime.api.catalog import ModelSpec, Profile
 from llmgw_runtime.api.router import IdleMap, ModelCapacity, Unreachable
-from llmgw_runtime.control import drain_ops, fleet, snapshot
+from llmgw_runtime.control import drain_ops, fleet, incremental, snapshot
 from llmgw_runtime.control.decide import Fleet, Settings, decide
 from llmgw_runtime.control.incremental import View
 from llmgw_runtime.control.reconcile import PassTimes
@@ -146,8 +146,9 @@ class Ops:
         states = ["ready", "ready", "starting", "failed"]
         reported = [{"id": rid, "state": self.rnd.choice(states), "port": 41000, "pid": 7}
                     for rid in ids if self.rnd.random() < 0.8]
+        # now and then its agent's last report: the node is not heard from until the next
         answer = self.api.report(self.creds[node], node, replicas=reported,
-                                 devices=self.devices())
+                                 devices=self.devices(), stopping=self.rnd.random() < 0.15)
         if answer.status_code == 401:               # its credential was reset
             del self.creds[node]
 
@@ -281,6 +282,43 @@ def test_what_no_log_entry_names_is_read_again_within_full_every_passes(
     with store.begin() as conn:
         view.refresh(conn)
     assert view.last_full and view.fulls == 2
+
+
+def test_a_node_never_heard_from_is_read_by_its_log_entries_not_every_pass(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reconciler's view reads no report time of a node that joined and never
+    reported, nor of one whose agent said it stopped: only a logged write gives either one
+    (its next report), and then the view holds it. A fleet that joins before its agents
+    start cost a read of every such node each pass."""
+    creds = {n: api.join(n) for n in ("n1", "n2")}
+    view = View(full_every=10**6, heard_s=30.0)     # no rolling check: the log alone
+    asked: list[set[str]] = []
+    reports_of = incremental._reports_of
+    monkeypatch.setattr(incremental, "_reports_of",
+                        lambda conn, names: asked.append(set(names)) or reports_of(conn, names))
+    reported: set[str] = set()
+
+    def refreshed() -> set[str]:
+        asked.clear()
+        with api.store.begin() as conn:
+            held = view.refresh(conn, api.store.now(conn))
+        assert {n: r.last_report is None for n, r in held.nodes.items()} == \
+            {"n1": "n1" not in reported, "n2": "n2" not in reported}
+        return set().union(*asked)
+
+    refreshed()
+    assert refreshed() == set() and refreshed() == set(), "none was heard from: none is read"
+    assert api.report(creds["n1"], "n1").status_code == 200
+    reported.add("n1")
+    refreshed()                                        # its report's log entry: read whole
+    assert refreshed() == set(), "its report time is within heard_s / 2"
+    assert api.report(creds["n1"], "n1", stopping=True).status_code == 200
+    reported.discard("n1")
+    refreshed()
+    assert refreshed() == set(), "a stopped agent's node is read by its next report's entry"
+    assert api.report(creds["n1"], "n1").status_code == 200
+    reported.add("n1")
+    refreshed()
 
 
 def test_the_passes_are_logged_every_10s_in_the_line_the_benchmarks_read(
