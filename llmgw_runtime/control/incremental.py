@@ -434,12 +434,10 @@ class View:
         ``heard_s / 2`` old or more: a node reporting every 2 s is read about every
         ``heard_s / 2`` s, not every pass. The others' times are earlier than the store's
         but within ``heard_s / 2`` of ``now``, so every answer the pass draws from them is
-        the same (heard, not silent). A node held with no report time (joined and never
-        reported, or its agent said it stopped) is not read: only a logged write gives it
-        one (its first report after none, ``repo.record_report``; the heartbeat writer
-        never revives it), and the log has it read whole. Reading those every pass was a
-        read of each node of a fleet that joins before its agents start (10,000 a pass).
-        ``plan_problem``, the pass's own, is set by :meth:`wrote`."""
+        the same (heard, not silent). A node held with no report time (never reported,
+        or its agent stopped) is not read: only a logged write gives it one (a first
+        report after none, ``repo.record_report``; heartbeats never revive a node), and
+        the log has it read whole. ``plan_problem`` is set by :meth:`wrote`."""
         nodes = self.nodes
         new = set()
         if self.heard_s is None or now is None:
