@@ -340,6 +340,9 @@ class RouterState:
         gate, usable = self.gate, self.balancer.usable
         keyed: list[bytes | None] = []
 
+        def gone() -> bool:
+            return client_gone(environ)
+
         def watch(wake: Callable[[], None]) -> Callable[[], None]:
             return watch_client(environ, wake)
 
@@ -353,16 +356,15 @@ class RouterState:
 
             def admit(endpoints: Sequence[Endpoint]) -> Lease | None:
                 return gate.admit(model, endpoints, key_id, priority,  # type: ignore[arg-type]
-                                  prefix, route.max_queue, route.max_wait_s,
-                                  lambda: client_gone(environ), None, watch)
+                                  prefix, route.max_queue, route.max_wait_s, gone, None,
+                                  watch)
             if version is None:
                 return admit, route.endpoints, None
 
             def admit_version(endpoints: Sequence[Endpoint]) -> Lease | None:
                 return gate.admit(model, usable(route.endpoints), key_id,
                                   priority, prefix,  # type: ignore[arg-type]
-                                  route.max_queue, route.max_wait_s,
-                                  lambda: client_gone(environ),
+                                  route.max_queue, route.max_wait_s, gone,
                                   frozenset(e.replica_id for e in endpoints), watch)
             return admit_version, version[1], version[0]
         return for_route
