@@ -51,8 +51,9 @@ are patched into its record in place, any other change of a row gives it a new r
 
 from __future__ import annotations
 
+import heapq
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from operator import attrgetter
 from types import SimpleNamespace
 from typing import Any
@@ -61,112 +62,30 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..store import changes, repo
-from ..store.db import waiting
-from ..store.models import SPEC_COLUMNS
 from ..store.schema import models as models_table
 from ..store.schema import nodes as nodes_table
 from ..store.schema import replica_parts
 from ..store.schema import replicas as replicas_table
+from . import viewrows
 from .decide import Fleet
+from .viewrows import (
+    MODEL_VOLATILE,
+    NODE_VOLATILE,
+    REPLICA_VOLATILE,
+    chunks,
+    named,
+    narrow,
+    narrow_rows,
+    node_record,
+    patched,
+    record,
+    replica_query,
+    same_or_new,
+)
 
 _REPLICA_ORDER = attrgetter("model", "started", "id")     # fleet.read's order
 FULL_EVERY = 60        # every row is read again once in this many passes (rolling)
 _SERIALS = itertools.count(1)    # each fleet a view hands out, in every view of the process
-
-NODE_VOLATILE = ("last_report", "plan_problem")
-REPLICA_VOLATILE = ("last_used", "in_flight")
-MODEL_VOLATILE = tuple(c.name for c in models_table.c
-                       if c.name != "name" and c.name not in SPEC_COLUMNS)
-
-
-def record(row: Any) -> SimpleNamespace:
-    """A row as the view holds it (an attribute each column, as a store row has)."""
-    return SimpleNamespace(**row._mapping)
-
-
-def node_record(row: Any) -> SimpleNamespace:
-    """A node's row as the view holds it: without its credential's hash (a join after a
-    credential reset writes it with no change log entry; no rule reads it)."""
-    out = SimpleNamespace(**row._mapping)
-    del out.credential_hash
-    return out
-
-
-def _replica_query() -> Any:
-    """``repo.list_replicas``'s read: each row with its model's current definition."""
-    return (sa.select(replicas_table, models_table.c.definition_hash.label("model_hash"))
-            .select_from(replicas_table.outerjoin(
-                models_table, models_table.c.name == replicas_table.c.model)))
-
-
-def _chunks(keys: Iterable[str]) -> list[list[str]]:
-    """``keys`` in key order, a list per IN (...) read (``repo.chunks``)."""
-    return repo.chunks(sorted(keys))
-
-
-def _named(conn: Connection, table: Any, names: set[str],
-           make: Callable[[Any], SimpleNamespace]) -> dict[str, SimpleNamespace]:
-    """The rows of ``table`` (models, nodes: keyed by ``name``) named in ``names``."""
-    found: dict[str, SimpleNamespace] = {}
-    for chunk in _chunks(names):
-        found.update((row.name, make(row)) for row in conn.execute(
-            sa.select(table).where(table.c.name.in_(chunk))))
-    return found
-
-
-def _same(old: Any, new: Any) -> Any:
-    """``old`` when it holds what ``new`` does, else ``new``: a row read again unchanged
-    stays the same object, so what a pass made of it is made again only when it changed
-    (control/snapshot.py ``Memo``)."""
-    return old if old is not None and vars(old) == vars(new) else new
-
-
-def _patched(row: SimpleNamespace, values: dict[str, Any]) -> SimpleNamespace:
-    return SimpleNamespace(**{**vars(row), **values})
-
-
-def _narrow(conn: Connection, table: Any, key: str, columns: tuple[str, ...]
-            ) -> dict[Any, tuple[Any, ...]]:
-    """``key`` -> (key, *columns) of every row of ``table`` (:func:`_narrow_rows`)."""
-    return {values[0]: values for values in _narrow_rows(conn, table, key, columns)}
-
-
-def _narrow_rows(conn: Connection, table: Any, key: str, columns: tuple[str, ...]
-                 ) -> list[tuple[Any, ...]]:
-    """(key, *columns) of every row of ``table``, read through the driver's own cursor:
-    plain tuples (thousands of rows each pass)."""
-    return _fetched(conn, str(sa.select(table.c[key], *(table.c[c] for c in columns))
-                              .compile(dialect=conn.dialect)))
-
-
-def _fetched(conn: Connection, sql: str, params: tuple[Any, ...] = ()
-             ) -> list[tuple[Any, ...]]:
-    """The rows of ``sql`` as plain tuples, through the driver's own cursor."""
-    cursor = conn.connection.cursor()
-    try:
-        with waiting(conn):               # bounded as a statement is, under a web request
-            cursor.execute(sql, params)
-            return list(cursor.fetchall())
-    finally:
-        cursor.close()
-
-
-def _reports_of(conn: Connection, names: set[str]) -> list[tuple[Any, ...]]:
-    """(name, *NODE_VOLATILE) of the nodes ``names``. On PostgreSQL in one statement, the
-    names as one array (an index lookup each), through the driver's own cursor: a few
-    hundred nodes each pass."""
-    if not names:
-        return []
-    if conn.dialect.name != "postgresql":
-        columns = (nodes_table.c.name, *(nodes_table.c[c] for c in NODE_VOLATILE))
-        return [tuple(row) for chunk in _chunks(names) for row in conn.execute(
-            sa.select(*columns).where(nodes_table.c.name.in_(chunk)))]
-    return _fetched(conn, _REPORTS_OF, (list(names),))
-
-
-_REPORTS_OF = (f"SELECT name, {', '.join(NODE_VOLATILE)} FROM {nodes_table.name} "
-               "WHERE name = ANY(%s)")
-
 
 class View:
     """The fleet as the leader last read it, and the change log generation it is at."""
@@ -200,6 +119,8 @@ class View:
         self._serial: int | None = None
         # what the last narrow read of each table found: key -> (key, *volatile columns)
         self._last: dict[str, dict[str, tuple[Any, ...]]] = {}
+        # (a report time, node) for the times reads set (:meth:`_due`)
+        self._times: list[tuple[float, str]] = []
         # each table's keys, and those keys by their turn of the rolling check (``_slice``)
         self._turns: dict[str, tuple[frozenset[str], dict[int, frozenset[str]]]] = {}
 
@@ -270,16 +191,19 @@ class View:
     def _read_all(self, conn: Connection) -> None:
         """Read everything; rows that did not change stay the objects they were."""
         models, nodes, replicas = self.models, self.nodes, self.replicas
-        self.models = {m.name: _same(models.get(m.name), record(m))
+        self.models = {m.name: same_or_new(models.get(m.name), record(m))
                        for m in repo.list_models(conn, deleted=True)}
-        self.nodes = {n.name: _same(nodes.get(n.name), node_record(n))
+        self.nodes = {n.name: same_or_new(nodes.get(n.name), node_record(n))
                       for n in repo.list_nodes(conn)}
-        self.replicas = {r.id: _same(replicas.get(r.id), record(r))
+        self.replicas = {r.id: same_or_new(replicas.get(r.id), record(r))
                          for r in repo.list_replicas(conn)}
         self.parts = {rid: [record(p) for p in parts]
                       for rid, parts in repo.parts_by_replica(conn).items()}
         self.reports = {name: (name, *(getattr(row, c) for c in NODE_VOLATILE))
                         for name, row in self.nodes.items()}
+        self._times = [(row.last_report, name) for name, row in self.nodes.items()
+                       if row.last_report is not None]
+        heapq.heapify(self._times)
         self._ordered = None
         self._last = {}
         self._touched = None
@@ -291,7 +215,7 @@ class View:
         names = set(names)
         if not names:
             return
-        found = _named(conn, models_table, names, record)
+        found = named(conn, models_table, names, record)
         hashes = {}
         for name in names:
             before = self.models.get(name)
@@ -308,7 +232,7 @@ class View:
             return
         for rid, rep in list(self.replicas.items()):
             if rep.model in hashes and rep.model_hash != hashes[rep.model]:
-                self.replicas[rid] = _patched(rep, {"model_hash": hashes[rep.model]})
+                self.replicas[rid] = patched(rep, {"model_hash": hashes[rep.model]})
                 self._ordered = None
 
     def _read_nodes(self, conn: Connection, names: Iterable[str]) -> None:
@@ -316,8 +240,9 @@ class View:
         if not names:
             return
         self._touch(names)
-        self.nodes = self._merged(self.nodes, _named(conn, nodes_table, names, node_record),
+        self.nodes = self._merged(self.nodes, named(conn, nodes_table, names, node_record),
                                   names)
+        self._timed(names)
 
     def _read_devices(self, conn: Connection, names: Iterable[str]) -> None:
         """Nodes whose only change is their device readings (kind telemetry: hundreds a
@@ -330,7 +255,7 @@ class View:
             return
         self._touch(names)
         found: dict[str, str] = {}
-        for chunk in _chunks(names):
+        for chunk in chunks(names):
             found.update((name, devices) for name, devices in conn.execute(
                 sa.select(nodes_table.c.name, nodes_table.c.devices)
                 .where(nodes_table.c.name.in_(chunk))))
@@ -343,7 +268,7 @@ class View:
                 whole.add(name)
             elif row.devices != devices:
                 if self.reports_apart:
-                    copies[name] = _patched(row, {"devices": devices})
+                    copies[name] = patched(row, {"devices": devices})
                 else:
                     row.devices = devices
         if copies:
@@ -354,9 +279,9 @@ class View:
         ids = set(ids)
         if not ids:
             return
-        for chunk in _chunks(ids):
+        for chunk in chunks(ids):
             rows = {r.id: record(r) for r in conn.execute(
-                _replica_query().where(replicas_table.c.id.in_(chunk)))}
+                replica_query().where(replicas_table.c.id.in_(chunk)))}
             parts: dict[str, list[SimpleNamespace]] = {}
             for p in conn.execute(sa.select(replica_parts)
                                   .where(replica_parts.c.replica_id.in_(chunk))
@@ -365,7 +290,7 @@ class View:
             for rid in chunk:
                 before = self.replicas.get(rid)
                 if rid in rows:
-                    self.replicas[rid] = _same(before, rows[rid])
+                    self.replicas[rid] = same_or_new(before, rows[rid])
                 else:
                     self.replicas.pop(rid, None)
                 old = self.parts.get(rid)
@@ -387,7 +312,7 @@ class View:
         out = dict(rows)
         for key in asked:
             if key in found:
-                out[key] = _same(rows.get(key), found[key])
+                out[key] = same_or_new(rows.get(key), found[key])
             else:
                 out.pop(key, None)
         if added:
@@ -398,7 +323,7 @@ class View:
 
     def _volatile(self, conn: Connection, now: float | None) -> None:
         if self.reports_apart:
-            self.reports = _narrow(conn, nodes_table, "name", NODE_VOLATILE)
+            self.reports = narrow(conn, nodes_table, "name", NODE_VOLATILE)
             if self.reports.keys() != self.nodes.keys():    # joined, or gone
                 self._touch(self.nodes.keys() ^ self.reports.keys())
                 self.nodes = {k: v for k, v in self.nodes.items() if k in self.reports}
@@ -441,14 +366,12 @@ class View:
         nodes = self.nodes
         new = set()
         if self.heard_s is None or now is None:
-            found = _narrow_rows(conn, nodes_table, "name", NODE_VOLATILE)
+            found = narrow_rows(conn, nodes_table, "name", NODE_VOLATILE)
             asked = None
             self._touch(nodes)
         else:
-            before = now - self.heard_s / 2
-            asked = {name for name, row in nodes.items()
-                     if row.last_report is not None and row.last_report < before}
-            found = _reports_of(conn, asked)
+            asked = self._due(now - self.heard_s / 2)
+            found = viewrows.reports_of(conn, asked)
             self._touch(asked)
         for name, last_report, plan_problem in found:
             row = nodes.get(name)
@@ -456,6 +379,8 @@ class View:
                 new.add(name)
             else:
                 row.last_report, row.plan_problem = last_report, plan_problem
+                if asked is not None and last_report is not None:
+                    heapq.heappush(self._times, (last_report, name))
         if asked is None and len(found) - len(new) != len(nodes):       # a node went
             stored = {values[0] for values in found}
             self.nodes = {k: v for k, v in nodes.items() if k in stored}
@@ -464,6 +389,30 @@ class View:
             if gone:
                 self.nodes = {k: v for k, v in nodes.items() if k not in gone}
         return new
+
+    def _due(self, before: float) -> set[str]:
+        """The nodes whose report time held is before ``before``, from ``_times``: a heap
+        of (a report time, node) with an entry for each time a read set, so a pass pops the
+        few hundred due instead of walking 10,000 nodes. An entry whose node now holds a
+        later time is put back at that time; one of a node gone or with none is dropped."""
+        times, nodes, due = self._times, self.nodes, set()
+        while times and times[0][0] < before:
+            _, name = heapq.heappop(times)
+            row = nodes.get(name)
+            if row is None or row.last_report is None:
+                continue
+            if row.last_report < before:
+                due.add(name)
+            else:
+                heapq.heappush(times, (row.last_report, name))
+        return due
+
+    def _timed(self, names: Iterable[str]) -> None:
+        """An entry in ``_times`` for each of ``names`` held with a report time."""
+        for name in names:
+            row = self.nodes.get(name)
+            if row is not None and row.last_report is not None:
+                heapq.heappush(self._times, (row.last_report, name))
 
     def wrote(self, node_problems: dict[str, str | None]) -> None:
         """The pass's own writes that no log entry names, set into the records: each
@@ -482,7 +431,7 @@ class View:
         row went), and the keys stored that ``rows`` lacks. Each row's values
         (``_narrow``) are compared with what the previous read of the table found, and only
         a tuple that differs patched into a copy of its row."""
-        found = _narrow(conn, table, key, columns)
+        found = narrow(conn, table, key, columns)
         last = self._last.get(table.name, {})
         self._last[table.name] = found
         moved: dict[str, SimpleNamespace] = {}
@@ -494,7 +443,7 @@ class View:
             if row is None:
                 new.add(name)
             elif any(getattr(row, c) != v for c, v in zip(columns, values[1:], strict=True)):
-                moved[name] = _patched(row, dict(zip(columns, values[1:], strict=True)))
+                moved[name] = patched(row, dict(zip(columns, values[1:], strict=True)))
         if not moved and len(found) - len(new) == len(rows):
             return rows, new
         out = {k: moved.get(k, v) for k, v in rows.items() if k in found}

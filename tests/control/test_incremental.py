@@ -16,7 +16,7 @@ import pytest
 
 from llmgw_runtime.api.catalog import ModelSpec, Profile
 from llmgw_runtime.api.router import IdleMap, ModelCapacity, Unreachable
-from llmgw_runtime.control import drain_ops, fleet, incremental, snapshot
+from llmgw_runtime.control import drain_ops, fleet, snapshot, viewrows
 from llmgw_runtime.control.decide import Fleet, Settings, decide
 from llmgw_runtime.control.incremental import View
 from llmgw_runtime.control.reconcile import PassTimes
@@ -293,8 +293,8 @@ def test_a_node_never_heard_from_is_read_by_its_log_entries_not_every_pass(
     creds = {n: api.join(n) for n in ("n1", "n2")}
     view = View(full_every=10**6, heard_s=30.0)     # no rolling check: the log alone
     asked: list[set[str]] = []
-    reports_of = incremental._reports_of
-    monkeypatch.setattr(incremental, "_reports_of",
+    reports_of = viewrows.reports_of
+    monkeypatch.setattr(viewrows, "reports_of",
                         lambda conn, names: asked.append(set(names)) or reports_of(conn, names))
     reported: set[str] = set()
 
