@@ -305,16 +305,18 @@ def build(models: list[Any], nodes: list[Any], replicas: list[Any], now: float,
     one of its model's replicas (so its replacement is placed). ``nodes_since``: the
     leader's view's ``Fleet.nodes_since``, with ``nodes`` its nodes in its order.
     ``leaving``: the draining nodes, when the caller knows them (``steps.Pass``)."""
+    targets = targets or {}
     by_model: dict[str, list[Any]] = {}
-    for rep in replicas:
-        by_model.setdefault(rep.model, []).append(rep)
+    if any(m.name not in targets for m in models):      # what they want, not a roll's
+        for rep in replicas:
+            by_model.setdefault(rep.model, []).append(rep)
     if leaving is None:
         leaving = draining_nodes(nodes)
     current = {m.name: getattr(m, "definition_hash", None) for m in models}
-    targets = targets or {}
     model_views = tuple(
         ModelView(spec=spec_of(m),
-                  wanted=targets.get(m.name, wanted_replicas(m, by_model.get(m.name, []), now)),
+                  wanted=targets[m.name] if m.name in targets
+                  else wanted_replicas(m, by_model.get(m.name, []), now),
                   parked=bool(m.parked),
                   hold_starts=in_backoff(m.consecutive_failures, m.last_failure_at, now,
                                          *backoff))
