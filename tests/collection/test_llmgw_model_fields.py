@@ -1,14 +1,14 @@
 """llmgw.cluster.llmgw_model against the catalog entry's one definition (api/catalog.py).
 
 The collection runs on hosts without llmgw_runtime, so its field names, defaults and
-documentation are literals (module_utils/llmgw_catalog.py, the module's DOCUMENTATION and
-argument_spec). These tests are what keeps them the entry's: a field of ``ModelSpec`` (or of
-a nested entry: profile, autoscale, max_tokens, rollout) missing from any of them, one of them naming
-a field the entry does not have, or a default that differs, fails here. Then the behaviour:
-a declared entry compares equal to what the server stores for it (so a second run changes
-nothing), and an entry the server refuses never does (so it is sent and refused). Fast: the
-catalog, fleet layer and models_view in process, on SQLite; the real module runs in
-test_llmgw_model.py."""
+documentation are literals (module_utils/llmgw_catalog.py, the module's DOCUMENTATION with its
+doc fragment doc_fragments/llmgw_catalog.py, and argument_spec). These tests are what keeps
+them the entry's: a field of ``ModelSpec`` (or of a nested entry: profile, autoscale,
+max_tokens, rollout) missing from any of them, one of them naming a field the entry does not
+have, or a default that differs, fails here. Then the behaviour: a declared entry compares
+equal to what the server stores for it (so a second run changes nothing), and an entry the
+server refuses never does (so it is sent and refused). Fast: the catalog, fleet layer and
+models_view in process, on SQLite; the real module runs in test_llmgw_model.py."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.utils.plugin_docs import merge_fragment
 from pydantic import BaseModel
 
 from llmgw_runtime.api.catalog import (
@@ -99,7 +100,20 @@ def documented(value: Any) -> str:
 
 
 def options() -> dict[str, Any]:
-    return dict(yaml.safe_load(module.DOCUMENTATION)["options"])
+    """The module's options as ansible-doc shows them: its DOCUMENTATION's, with those of each
+    doc fragment it extends merged in (the catalog fields', doc_fragments/llmgw_catalog.py).
+    An option is documented in one place only, the module or a fragment."""
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    merged = dict(doc["options"])
+    for name in doc.get("extends_documentation_fragment", []):
+        collection, _, fragment = name.rpartition(".")
+        assert collection == "llmgw.cluster", name
+        plugin = importlib.import_module(
+            f"ansible_collections.llmgw.cluster.plugins.doc_fragments.{fragment}")
+        said = dict(yaml.safe_load(plugin.ModuleDocFragment.DOCUMENTATION)["options"])
+        assert set(said).isdisjoint(merged), (name, sorted(set(said) & set(merged)))
+        merge_fragment(merged, said)
+    return merged
 
 
 def text(option: dict[str, Any]) -> str:
