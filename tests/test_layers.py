@@ -203,8 +203,8 @@ def test_the_status_summary_loads_nothing_but_the_states_the_vocabulary_and_text
     # and coop (the standard library alone: its walks give a gevent worker's loop a turn)
     loaded = set(reached(build_graph(), f"{TOP}.status.render"))
     assert loaded == {f"{TOP}.{m}" for m in (
-        "status.render", "status.summary", "status.node_facts", "status.telling",
-        "status.changes", "fleetvocab", "text", "api", "api.states", "coop")}
+        "status.render", "status.tables", "status.summary", "status.node_facts",
+        "status.telling", "status.changes", "fleetvocab", "text", "api", "api.states", "coop")}
 
 
 # ------------------------------------------------------------------- the checker itself

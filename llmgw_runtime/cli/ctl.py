@@ -12,8 +12,9 @@ import click
 
 from ..catalog.spec import parse_duration
 from ..status.changes import replica_state
-from ..status.render import human_bytes, render, table
+from ..status.render import render
 from ..status.summary import location
+from ..status.tables import human_bytes, table
 from ..status.telling import telling_line
 from ..text import printable_doc
 from .client import DEFAULT_URL, ApiError

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ..catalog.spec import parse_duration
-from ..status.render import largest_unit
+from ..status.tables import largest_unit
 from ..text import printable
 from .common import client, part, request_body, say, show
 from .lazy import lazy

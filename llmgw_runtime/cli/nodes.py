@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from ..catalog.spec import parse_duration
-from ..status.render import duration
 from ..status.summary import device_label
+from ..status.tables import duration
 from .common import client, part, request_body, say, show
 from .lazy import lazy
 from .output import ago, output_option

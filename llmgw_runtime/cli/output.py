@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from ..status.render import MIN_WIDTH, fit
+from ..status.tables import MIN_WIDTH, fit
 
 GAP = 2           # spaces between columns
 EMPTY = ("", "-")  # what a cell without a value shows

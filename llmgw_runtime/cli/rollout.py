@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ..status.render import duration, table
+from ..status.tables import duration, table
 from .common import client, ctrl_c_ends, part, say
 from .lazy import lazy
 from .output import output_option, terminal_width

@@ -28,7 +28,7 @@ from werkzeug.exceptions import HTTPException
 from .. import throttle
 from ..api.history import RANGES
 from ..errors import LlmgwError, NotFoundError, StoreError
-from ..status import changes, render
+from ..status import changes, render, tables
 from ..status.summary import at_capacity, device_label, failing_of, location, node_alive
 from ..status.telling import telling_line
 from ..store import repo
@@ -81,7 +81,7 @@ def paginate(items: list[Any]) -> tuple[list[Any], dict[str, int]]:
 @bp.app_template_filter("duration")
 def duration(seconds: float | None) -> str:
     """As ``ctl status`` writes it (``45s``, ``12m``, ``3h05m``); ``-`` when unknown."""
-    return "-" if seconds is None else render.duration(seconds)
+    return "-" if seconds is None else tables.duration(seconds)
 
 
 @bp.app_template_filter("utc")
@@ -96,7 +96,7 @@ def gb(mb: float | None) -> str:
     return "-" if mb is None else f"{mb / 1024:.1f}"
 
 
-bp.add_app_template_filter(render.human_bytes, "bytes")
+bp.add_app_template_filter(tables.human_bytes, "bytes")
 bp.add_app_template_filter(telling_line, "telling")
 bp.add_app_template_filter(render.scaling_window, "scaling_window")
 

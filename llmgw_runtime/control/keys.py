@@ -13,7 +13,7 @@ from ..api.admin import Deleted, KeyCreate, KeyCreated, KeyInfo, Keys, KeyUpdate
 from ..api.router import KEYS_OPTIONAL_POST_S
 from ..errors import ConflictError, NotFoundError
 from ..security import hash_token
-from ..status.render import largest_unit
+from ..status.tables import largest_unit
 from ..store import accounts, repo, routers
 
 # Routers heard from this recently count for a created key's note: they post at least
