@@ -89,7 +89,9 @@ def test_a_corrupt_model_is_parked_refused_at_once_and_served_after_retry(
 
     chat_refused = wait_until(lambda: refusal(c, "corrupt"), 10, "the refusal")
     elapsed, error = chat_refused
-    assert error["code"] == "model_parked" and elapsed < 0.25, (elapsed, error)
+    # at once: not after a start's wait (tens of seconds); 1 s, as for a failing model
+    # below, holds on a loaded 2-core machine (0.25 s did not: 0.33 s measured)
+    assert error["code"] == "model_parked" and elapsed < 1.0, (elapsed, error)
     assert "llmgw ctl retry corrupt" in error["message"]
     code, out = run_ctl(c, "status")
     assert code == 0 and "corrupt" in out and "parked" in out
