@@ -379,7 +379,7 @@ class View:
                 new.add(name)
             else:
                 row.last_report, row.plan_problem = last_report, plan_problem
-                if asked is not None and last_report is not None:
+                if self.heard_s is not None and last_report is not None:
                     heapq.heappush(self._times, (last_report, name))
         if asked is None and len(found) - len(new) != len(nodes):       # a node went
             stored = {values[0] for values in found}
