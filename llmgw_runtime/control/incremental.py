@@ -201,9 +201,8 @@ class View:
                       for rid, parts in repo.parts_by_replica(conn).items()}
         self.reports = {name: (name, *(getattr(row, c) for c in NODE_VOLATILE))
                         for name, row in self.nodes.items()}
-        self._times = [(row.last_report, name) for name, row in self.nodes.items()
-                       if row.last_report is not None]
-        heapq.heapify(self._times)
+        self._times = []
+        self._timed(self.nodes)
         self._ordered = None
         self._last = {}
         self._touched = None
@@ -379,8 +378,7 @@ class View:
                 new.add(name)
             else:
                 row.last_report, row.plan_problem = last_report, plan_problem
-                if self.heard_s is not None and last_report is not None:
-                    heapq.heappush(self._times, (last_report, name))
+        self._timed(values[0] for values in found)
         if asked is None and len(found) - len(new) != len(nodes):       # a node went
             stored = {values[0] for values in found}
             self.nodes = {k: v for k, v in nodes.items() if k in stored}
@@ -392,23 +390,24 @@ class View:
 
     def _due(self, before: float) -> set[str]:
         """The nodes whose report time held is before ``before``, from ``_times``: a heap
-        of (a report time, node) with an entry for each time a read set, so a pass pops the
-        few hundred due instead of walking 10,000 nodes. An entry whose node now holds a
-        later time is put back at that time; one of a node gone or with none is dropped."""
+        of (a report time, node) with an entry for each time a read set (:meth:`_timed`),
+        so a pass pops the few hundred due instead of walking 10,000 nodes. An entry is
+        the node's only while the node holds its time: one whose node holds another (a
+        later read pushed that one), is gone or holds none is dropped, so a node read
+        whole every pass leaves no trail of entries."""
         times, nodes, due = self._times, self.nodes, set()
         while times and times[0][0] < before:
-            _, name = heapq.heappop(times)
+            when, name = heapq.heappop(times)
             row = nodes.get(name)
-            if row is None or row.last_report is None:
-                continue
-            if row.last_report < before:
+            if row is not None and row.last_report == when:
                 due.add(name)
-            else:
-                heapq.heappush(times, (row.last_report, name))
         return due
 
     def _timed(self, names: Iterable[str]) -> None:
-        """An entry in ``_times`` for each of ``names`` held with a report time."""
+        """An entry in ``_times`` for each of ``names`` held with a report time, in a view
+        with ``heard_s`` (the only one that pops them: another's would only grow)."""
+        if self.heard_s is None:
+            return
         for name in names:
             row = self.nodes.get(name)
             if row is not None and row.last_report is not None:
@@ -429,7 +428,7 @@ class View:
                  ) -> tuple[dict[str, SimpleNamespace], set[str]]:
         """``rows`` with ``columns`` as stored now (the same dict when none moved and no
         row went), and the keys stored that ``rows`` lacks. Each row's values
-        (``_narrow``) are compared with what the previous read of the table found, and only
+        (``narrow``) are compared with what the previous read of the table found, and only
         a tuple that differs patched into a copy of its row."""
         found = narrow(conn, table, key, columns)
         last = self._last.get(table.name, {})

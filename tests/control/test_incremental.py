@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -319,6 +320,27 @@ def test_a_node_never_heard_from_is_read_by_its_log_entries_not_every_pass(
     assert api.report(creds["n1"], "n1").status_code == 200
     reported.add("n1")
     refreshed()
+
+
+def test_the_report_times_kept_to_pop_do_not_grow_with_the_passes(api: Api) -> None:
+    """The reconciler's view keeps a heap of report times to pop the nodes due; each read
+    adds entries, and popping them keeps it about one a node however many passes run. A
+    view without ``heard_s`` (the status summary's, in every web worker for months) pops
+    none, so it keeps none."""
+    creds = {n: api.join(n) for n in ("n1", "n2", "n3")}
+    # every row read whole each pass; a time held is due 10 ms on, and the passes are
+    # 50 ms apart: each pass pops what the last one pushed
+    leader = View(full_every=1, heard_s=0.02)
+    summary = View(full_every=1, reports_apart=True)
+    for _ in range(12):
+        time.sleep(0.05)
+        for name, cred in creds.items():
+            assert api.report(cred, name).status_code == 200
+        with api.store.begin() as conn:
+            leader.refresh(conn, api.store.now(conn))
+            summary.refresh(conn)
+    assert 0 < len(leader._times) <= 2 * len(creds), leader._times
+    assert summary._times == []
 
 
 def test_the_passes_are_logged_every_10s_in_the_line_the_benchmarks_read(
