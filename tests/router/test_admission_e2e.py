@@ -199,26 +199,36 @@ def test_a_client_that_goes_away_while_queued_leaves_the_queue_at_once(
 def _served_order(router: str, model: str, first: list[tuple[str, float]],
                   then: list[tuple[str, float]]) -> list[str]:
     """Send ``first`` (key name, delay) one after another 20 ms apart, then ``then``; the
-    key names in the order their answers arrived."""
+    key names in the order their answers arrived. The first request holds the model's one
+    slot while all the others queue: the order is compared only once every one of them is
+    waiting (the queue-depth gauge says so), so a slow machine that delays a send cannot
+    change what is asked of the queue."""
     done: list[tuple[float, str]] = []
+    sent = first + then
 
     def send(key: str, delay: float) -> None:
         resp = chat(router, model, KEYS[key], delay)
         assert resp.status_code == 200, resp.text
         done.append((time.monotonic(), key))
 
-    with ThreadPoolExecutor(len(first) + len(then)) as pool:
+    with ThreadPoolExecutor(len(sent)) as pool:
+        started = time.monotonic()
         futures = []
-        for key, delay in first + then:
+        for key, delay in sent:
             futures.append(pool.submit(send, key, delay))
             time.sleep(0.02)
+        holds_until = started + sent[0][1]
+        while metric(router, "llmgw_router_queue_depth", model=model) < len(sent) - 1:
+            assert time.monotonic() < holds_until and not futures[0].done(), (
+                "the requests did not all queue while the first one held the slot")
+            time.sleep(0.05)
         for f in futures:
             f.result()
     return [key for _, key in sorted(done)]
 
 
 def test_a_key_flooding_the_queue_does_not_hold_back_another_key(router1: str) -> None:
-    holder = [("A", 1.0)]       # holds the only slot while everything else queues
+    holder = [("A", 3.0)]       # holds the only slot while everything else queues
     flood = [("A", 0.1)] * 10
     order = _served_order(router1, "fair", holder + flood, [("B", 0.1)] * 2)
     assert order.count("B") == 2
@@ -227,7 +237,7 @@ def test_a_key_flooding_the_queue_does_not_hold_back_another_key(router1: str) -
 
 
 def test_a_high_priority_key_queued_last_is_served_first(router1: str) -> None:
-    order = _served_order(router1, "prio", [("A", 0.6)] + [("A", 0.1)] * 3, [("H", 0.1)])
+    order = _served_order(router1, "prio", [("A", 3.0)] + [("A", 0.1)] * 3, [("H", 0.1)])
     assert order[:2] == ["A", "H"], order   # the holder, then the high key
 
 
