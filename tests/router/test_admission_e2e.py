@@ -134,7 +134,7 @@ def test_a_full_queue_refuses_at_once_with_429_retry_after_and_why(
     # one slot and a queue of one in the whole router (2 workers): 2 get through
     assert len(refused) >= 4 and sum(1 for r in results if r[0] == 200) == 6 - len(refused)
     for _status, started, ended, resp in refused:
-        assert ended - started < 0.6
+        assert ended - started < 0.9      # a queued one is served after 1 s
         assert int(resp.headers["Retry-After"]) >= 1
         err = resp.json()["error"]
         assert (err["code"], err["type"], err["param"]) == ("model_at_capacity",
@@ -186,7 +186,8 @@ def test_a_client_that_goes_away_while_queued_leaves_the_queue_at_once(
                 time.sleep(0.05)
         gone_at = time.monotonic()
         while metric(router2, "llmgw_router_queue_depth", model="gone") > 0:
-            assert time.monotonic() - gone_at < 0.4, "the closed request stayed queued"
+            # queued, it would leave only when the holder ends (1.7 s on)
+            assert time.monotonic() - gone_at < 1.0, "the closed request stayed queued"
             time.sleep(0.02)
         assert holder.result().status_code == 200
     assert metric(router2, "llmgw_router_rejected_total", model="gone",
@@ -289,7 +290,7 @@ def test_a_stream_holds_its_slot_until_it_ends_or_its_client_leaves(router2: str
     assert whole.headers["X-Llmgw-Replica"] == "r-stream"
     assert whole.content.endswith(b"data: [DONE]\n\n")
     status, started, ended, _ = timed(router2, "stream1")
-    assert status == 200 and ended - started < 0.5       # its slot came back at the end
+    assert status == 200 and ended - started < 0.9       # its slot came back at the end
     left = stream(100, 0.1)                               # 10 s long
     next(left.iter_content(None))
     for _ in range(2):                                    # whichever worker answers
@@ -297,7 +298,7 @@ def test_a_stream_holds_its_slot_until_it_ends_or_its_client_leaves(router2: str
     left.close()                                          # the client walks away
     time.sleep(0.3)     # the router sees it at its next write (a chunk every 0.1 s)
     status, started, ended, _ = timed(router2, "stream1")
-    assert status == 200 and ended - started < 0.5
+    assert status == 200 and ended - started < 0.9    # held, it would be a 429 after 1 s
 
 
 def test_slots_held_by_a_worker_that_died_are_given_back(ctl: Control) -> None:
@@ -325,6 +326,6 @@ def test_slots_held_by_a_worker_that_died_are_given_back(ctl: Control) -> None:
         time.sleep(1.0)                  # both new workers have loaded the app
         for _ in range(4):               # a leaked slot would make these wait, then 429
             status, started, ended, _ = timed(url, "crash")
-            assert status == 200 and ended - started < 0.8
+            assert status == 200 and ended - started < 0.95   # leaked: 429 after 1 s
     finally:
         harness.stop(proc)
