@@ -9,6 +9,7 @@ the rest: this module is the one home of every catalog ``MAX_*``. Pure: no I/O.
 
 from __future__ import annotations
 
+import json
 import reprlib
 from typing import Any
 
@@ -173,9 +174,57 @@ class _Loader(_BASE_LOADER):  # type: ignore[misc,valid-type]
 _LOADER: type = _Loader
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def load_json(text: str) -> Any:
+    """The document of a catalog written as JSON (what API clients send, and ``ctl apply``:
+    llmgw_runtime/cli/ctl.py), read with the standard library's JSON decoder within the
+    bounds above (size, nesting; JSON has no aliases), or ``NOT_JSON`` when the text is not
+    a JSON object or array (YAML: :func:`load_yaml` reads it). Read as JSON reads it, its
+    numbers included (``1e3`` is a number; YAML 1.1 reads it as a string). At 1,000 models
+    this is 2-3 ms where the YAML reader takes 0.2-0.3 s of the control service's CPU."""
+    start = text.lstrip()[:1]
+    if start not in ("{", "["):
+        return NOT_JSON
+    check_size(text)
+    try:
+        doc = json.loads(text, parse_constant=_not_json)   # NaN, Infinity: not JSON
+    except RecursionError:
+        raise _too_deep("") from None
+    except ValueError:          # not JSON (a YAML flow mapping, a comment, NaN...)
+        return NOT_JSON
+    if _height(doc) > MAX_DEPTH:
+        raise _too_deep("")
+    return doc
+
+
+NOT_JSON = object()
+
+
+def _height(doc: Any) -> int:
+    """How deep ``doc`` nests, counted as check_structure counts YAML (a value is one
+    level, a collection one more than its deepest value), without recursion; stops
+    counting past MAX_DEPTH."""
+    height, stack = 1, [(doc, 1)]
+    while stack:
+        value, level = stack.pop()
+        height = max(height, level)
+        if height > MAX_DEPTH:
+            break
+        items = value.values() if isinstance(value, dict) else value \
+            if isinstance(value, list) else ()
+        stack.extend((item, level + 1) for item in items)
+    return height
+
+
 def load_yaml(text: str) -> Any:
     """The catalog document, read within the bounds above; CatalogError naming the line when
-    the text is not YAML, or the bound it passes."""
+    the text is not YAML, or the bound it passes. JSON is read by :func:`load_json`."""
+    doc = load_json(text)
+    if doc is not NOT_JSON:
+        return doc
     check_size(text)
     try:
         check_structure(text, _LOADER)
@@ -191,6 +240,21 @@ def load_yaml(text: str) -> Any:
     except ValueError as exc:   # e.g. an integer longer than Python converts
         raise CatalogError(f"the catalog holds a value that cannot be read: "
                            f"{str(exc)[:200]}; nothing was applied") from None
+
+
+def wire(text: str) -> tuple[bytes, str]:
+    """A catalog's text as a client sends it (``ctl apply``, ``llmgw up``): JSON when it
+    reads as plain data within the bounds (the control service then reads it with
+    :func:`load_json`, a hundredth of the YAML reader's CPU at 1,000 models), else the text
+    as written, for the control service to read and, when it cannot, to say why with the
+    line (a YAML error, a bound, a date or ``.inf`` JSON cannot hold). With its content
+    type."""
+    try:
+        doc = load_yaml(text)
+        body = json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (CatalogError, TypeError, ValueError):
+        return text.encode("utf-8", errors="surrogatepass"), "application/yaml"
+    return body.encode("utf-8", errors="surrogatepass"), "application/json"
 
 
 def whole(problems: list[str], where: str, value: Any, low: int, high: int | None,

@@ -71,6 +71,8 @@ def apply(ctx: click.Context, path: str, prune: bool, dry_run: bool, yes: bool) 
             raise click.ClickException(f"cannot read the catalog {path}: {exc.strerror}") \
                 from None
     api = client(ctx)
+    from ..catalog.bounds import wire
+    body, content_type = wire(text)     # JSON when it reads as plain data
 
     def put(dry: bool, deletes: str | None = None) -> dict[str, Any]:
         path = "/api/v1/catalog" + ("/dry-run" if dry else "") + ("?prune=true" if prune
@@ -78,8 +80,7 @@ def apply(ctx: click.Context, path: str, prune: bool, dry_run: bool, yes: bool) 
         if deletes:             # delete exactly what was shown, or nothing (409)
             path += f"&deletes={deletes}"
         try:
-            result: dict[str, Any] = api.request("PUT", path, text.encode(),
-                                                 "application/yaml",
+            result: dict[str, Any] = api.request("PUT", path, body, content_type,
                                                  answer=messages.CatalogResult)
         except ApiError as exc:
             if dry and exc.reason in ("not_found", "method_not_allowed"):

@@ -22,6 +22,7 @@ from typing import Any
 import click
 import yaml
 
+from ..catalog.bounds import wire
 from ..control.config import default_state_dir
 from ..doctor.local import ENV_FILE as AGENT_ENV_FILE
 from ..security import new_token, private_dir
@@ -137,15 +138,14 @@ def apply_catalog(admin: Client, state: Path, given: Path | None) -> str:
     catalog; a model that exists is never updated nor deleted by the demo catalog.
     Returns the line to print."""
     if given is not None:
-        admin.request("PUT", "/api/v1/catalog", given.read_text().encode(), "application/yaml")
+        admin.request("PUT", "/api/v1/catalog", *wire(given.read_text()))
         return f"catalog {given} applied"
     existing = [m["name"] for m in admin.get("/api/v1/models")["models"]]
     kept = state / KEPT_CATALOG
     seed, line = demo_seed(existing, seeded_names(kept.read_text()) if kept.is_file()
                            else [DEMO_MODEL])
     if seed:
-        admin.request("PUT", "/api/v1/catalog", stored_catalog(state, None).encode(),
-                      "application/yaml")
+        admin.request("PUT", "/api/v1/catalog", *wire(stored_catalog(state, None)))
     return line
 
 
