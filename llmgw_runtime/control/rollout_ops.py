@@ -50,7 +50,13 @@ def start_rollouts(conn: Connection, before: dict[str, Any], specs: list[ModelSp
                    now: float) -> dict[str, list[str]]:
     """After a catalog is stored: the models whose serving replicas run another definition
     than their new one start to roll (the old entry is kept for ``ctl rollout undo``).
-    Returns their names, each with the ids of the replicas the rollout replaces."""
+    Returns their names, each with the ids of the replicas the rollout replaces. The
+    replicas are read only when a stored model's definition changed (most applies change
+    none: a replica count, a new model; at 10,000 nodes that read was 4,000 rows on the web
+    worker answering half the fleet's heartbeats)."""
+    if not any(before[s.name].definition_hash != s.definition_hash
+               for s in specs if s.name in before):
+        return {}
     serving: dict[str, list[Any]] = {}
     for rep in repo.list_replicas(conn):
         if rep.desired and rep.state != ReplicaState.FAILED and not drain.is_draining(rep):

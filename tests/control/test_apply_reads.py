@@ -33,3 +33,21 @@ def test_an_apply_reads_the_stored_models_once_in_its_transaction(api: Api) -> N
     with statements(api.store) as sent:
         pruned = api.call("PUT", "/api/v1/catalog?prune=true", data=catalog(19)).json
     assert pruned["deleted"] == ["m19"] and model_reads(sent) == 1
+
+
+def replica_reads(sent: list[str]) -> int:
+    return sum(1 for s in sent if re.search(r"^\s*SELECT\b.*\bFROM replicas\b", s, re.S | re.I))
+
+
+def test_an_apply_reads_the_replicas_only_when_a_definition_changed(api: Api) -> None:
+    """A new replica count or a new model starts no rollout: the replicas, thousands at
+    10,000 nodes, are not read; a changed definition reads them for the rollout."""
+    api.call("PUT", "/api/v1/catalog", data=catalog(5))
+    with statements(api.store) as sent:
+        answer = api.call("PUT", "/api/v1/catalog", data=catalog(6, changed=2)).json
+    assert answer["updated"] == ["m2"] and answer["created"] == ["m5"]
+    assert answer["rolls"] == [] and replica_reads(sent) == 0
+    changed = catalog(6, changed=2).replace("/m4.gguf", "/m4-v2.gguf")
+    with statements(api.store) as sent:
+        answer = api.call("PUT", "/api/v1/catalog", data=changed).json
+    assert answer["updated"] == ["m4"] and replica_reads(sent) == 1
