@@ -88,6 +88,8 @@ def test_a_client_sends_json_when_the_yaml_reads_as_plain_data() -> None:
     pytest.param("models:\n  - name: a\n    profile: {class: cpu\n", id="not YAML"),
     pytest.param("models: []\nwhen: 2026-12-07\n", id="a date JSON cannot hold"),
     pytest.param("models: []\nlimit: .inf\n", id="an infinity JSON cannot hold"),
+    pytest.param("a: &a " + "x" * 1000 + "\nb: [" + "*a, " * 5000 + "*a]\nmodels: []\n",
+                 id="aliases that expand past the size bound as JSON"),
 ])
 def test_a_client_sends_what_json_cannot_hold_as_written(text: str) -> None:
     """The control service then reads it and says what is wrong with it, with the line."""

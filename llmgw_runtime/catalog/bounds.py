@@ -248,13 +248,16 @@ def wire(text: str) -> tuple[bytes, str]:
     :func:`load_json`, a hundredth of the YAML reader's CPU at 1,000 models), else the text
     as written, for the control service to read and, when it cannot, to say why with the
     line (a YAML error, a bound, a date or ``.inf`` JSON cannot hold). With its content
-    type."""
+    type. YAML whose aliases expand past the size bound as JSON is sent as written too."""
     try:
         doc = load_yaml(text)
-        body = json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        body = json.dumps(doc, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode()    # a lone surrogate: ValueError
     except (CatalogError, TypeError, ValueError):
-        return text.encode("utf-8", errors="surrogatepass"), "application/yaml"
-    return body.encode("utf-8", errors="surrogatepass"), "application/json"
+        body = b""
+    if not body or len(body) > MAX_CATALOG_BYTES:
+        return text.encode(), "application/yaml"
+    return body, "application/json"
 
 
 def whole(problems: list[str], where: str, value: Any, low: int, high: int | None,
