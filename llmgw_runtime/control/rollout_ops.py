@@ -54,18 +54,16 @@ def start_rollouts(conn: Connection, before: dict[str, Any], specs: list[ModelSp
     replicas are read only when a stored model's definition changed (most applies change
     none: a replica count, a new model; at 10,000 nodes that read was 4,000 rows on the web
     worker answering half the fleet's heartbeats)."""
-    if not any(before[s.name].definition_hash != s.definition_hash
-               for s in specs if s.name in before):
+    changed = [(spec, before[spec.name]) for spec in sliced(specs) if spec.name in before
+               and before[spec.name].definition_hash != spec.definition_hash]
+    if not changed:
         return {}
     serving: dict[str, list[Any]] = {}
     for rep in repo.list_replicas(conn):
         if rep.desired and rep.state != ReplicaState.FAILED and not drain.is_draining(rep):
             serving.setdefault(rep.model, []).append(rep)
     rolls: dict[str, list[str]] = {}
-    for spec in sliced(specs):
-        old = before.get(spec.name)
-        if old is None or old.definition_hash == spec.definition_hash:
-            continue
+    for spec, old in changed:
         runs = [r for r in serving.get(spec.name, [])
                 if (r.definition_hash or old.definition_hash) != spec.definition_hash]
         if not runs:
