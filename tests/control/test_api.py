@@ -88,6 +88,14 @@ def test_a_bad_catalog_writes_nothing_and_lists_every_problem(api: Api) -> None:
     error = json_error.json["error"]
     assert (json_error.status_code, error["reason"]) == (400, "invalid_catalog")
     assert "at line 2, column 1" in error["message"] and "nothing was applied" in error["message"]
+    # JSON read as JSON (catalog/bounds.load_json): too deep, or holding a constant JSON
+    # does not have, it is still a 400 that says why
+    for hostile, words in (('{"models": ' + "[" * 100_000 + "]" * 100_000 + "}", "MAX_DEPTH"),
+                           ('{"models": [{"name": NaN}]}', "models[0]")):
+        resp = api.call("PUT", "/api/v1/catalog", data=hostile,
+                        headers={"Content-Type": "application/json"})
+        assert (resp.status_code, resp.json["error"]["reason"]) == (400, "invalid_catalog")
+        assert words in resp.json["error"]["message"] + " ".join(resp.json["error"]["details"])
     assert api.call("GET", "/api/v1/models").json["models"] == []
 
 
