@@ -167,7 +167,10 @@ def decide(fleet: Fleet, now: float, settings: Settings) -> Changes:
         if drain.is_draining(rep):
             held.append(rep)
             continue
-        message = failure_of(rep, fleet.parts.get(rep.id, []), now, settings.start_timeout_s)
+        parts = fleet.parts.get(rep.id)
+        # a ready replica with no worker parts has not failed (most replicas, every pass)
+        message = None if rep.state == ReplicaState.READY and not parts else \
+            failure_of(rep, parts or [], now, settings.start_timeout_s)
         if message is not None:
             if model is not None and pass_.rolls_to(model, rep):
                 keys, event = rollout.failed(model, rep, message, now)
@@ -290,10 +293,17 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
 def _reasons(models: dict[str, Any], live: list[Any], plan: Any, now: float,
              changes: Changes) -> None:
     """Every model's placement reason, written and told when it changes."""
-    placed = _placed([r for r in live if not drain.is_draining(r)], plan)
+    placed: dict[str, int] | None = None
+
+    def placed_of(name: str) -> int:
+        nonlocal placed
+        if placed is None:      # only for an autoscaled model that cannot be placed
+            placed = _placed([r for r in live if not drain.is_draining(r)], plan)
+        return placed.get(name, 0)
+
     for model in models.values():
-        reason = _scale_unplaceable(model, placed.get(model.name, 0),
-                                    plan.unplaceable.get(model.name), now, changes)
+        reason = _scale_unplaceable(model, placed_of, plan.unplaceable.get(model.name),
+                                    now, changes)
         changes.unplaceable[model.name] = reason
         if reason != model.placement_reason:
             changes.update_model(model.name, placement_reason=reason)
@@ -310,16 +320,17 @@ def _placed(live: list[Any], plan: Any) -> dict[str, int]:
     return out
 
 
-def _scale_unplaceable(model: Any, placed: int, reason: str | None, now: float,
-                       changes: Changes) -> str | None:
+def _scale_unplaceable(model: Any, placed: Callable[[str], int], reason: str | None,
+                       now: float, changes: Changes) -> str | None:
     """The model's placement reason, or None when it only concerns replicas the
     autoscaler added beyond the floor: that step is taken back (autoscale.py) and the
-    model stays what it is, not unplaceable."""
+    model stays what it is, not unplaceable. ``placed``: the replicas a model has once the
+    plan is carried out (:func:`_placed`), asked only here."""
     scale = autoscale.scaled(model) if reason else None
     target = getattr(model, "scale_target", None)
     if scale is None or not scale.wanted or target is None:
         return reason
-    step = autoscale.unplaceable_step(target, placed, scale.floor, reason,
+    step = autoscale.unplaceable_step(target, placed(model.name), scale.floor, reason,
                                       autoscale.ScaleState.of(model.scale_state), now,
                                       scale.settings.cooldown_s)
     if step is None:

@@ -56,7 +56,8 @@ def present_nodes(snap: Snapshot) -> frozenset[str]:
     return frozenset(n.name for n in snap.nodes if silence(n, now) <= replace)
 
 
-def readiness_read(snap: Snapshot, present: frozenset[str]) -> set[str]:
+def readiness_read(snap: Snapshot, present: frozenset[str],
+                   among: set[str] | None = None) -> set[str]:
     """The models whose replicas' readiness and start time placement reads:
     - a model with more replicas than it wants (the least useful stop first: not ready,
       newest);
@@ -66,19 +67,31 @@ def readiness_read(snap: Snapshot, present: frozenset[str]) -> set[str]:
     A model's replicas are counted as placement counts them: active, its own (not
     draining), on nodes ``present``. Of any other replica placement reads only whether
     it is active: an engine's restart (ready, starting, ready again) or a replica's start
-    (pending, fetching, starting) places as before."""
+    (pending, fetching, starting) places as before.
+
+    ``among``: only these models are asked about (the answer is the same set, cut to
+    them): their replicas alone are counted, and every model's only when one of them has
+    memory_gb (whether some model is to be placed on a shared device)."""
+    by_name = {m.spec.name: m for m in snap.models}
+    asked = by_name.keys() if among is None else among & by_name.keys()
+    if not asked:
+        return set()
+    shared_asked = any(by_name[n].spec.profile.memory_gb is not None for n in asked)
+    counted = None if shared_asked else asked
     active: dict[str, int] = {}
     for r in snap.replicas:
-        if r.desired and r.counts and r.state in _ACTIVE and r.node in present \
+        if (counted is None or r.model in counted) and r.desired and r.counts \
+                and r.state in _ACTIVE and r.node in present \
                 and all(p.node in present for p in r.parts):
             active[r.model] = active.get(r.model, 0) + 1
-    wanted = {m.spec.name: 0 if m.parked else m.wanted for m in snap.models}
-    shared = any(active.get(m.spec.name, 0) < wanted[m.spec.name]
-                 and shares_device(m.spec.profile.klass, m.spec.profile.memory_gb)
-                 for m in snap.models)
-    return {m.spec.name for m in snap.models
-            if (shared and m.spec.profile.memory_gb is not None)
-            or active.get(m.spec.name, 0) > wanted[m.spec.name]}
+    wanted = {n: 0 if m.parked else m.wanted for n, m in by_name.items()}
+    shared = shared_asked and any(
+        active.get(m.spec.name, 0) < wanted[m.spec.name]
+        and shares_device(m.spec.profile.klass, m.spec.profile.memory_gb)
+        for m in snap.models)
+    return {n for n in asked
+            if (shared and by_name[n].spec.profile.memory_gb is not None)
+            or active.get(n, 0) > wanted[n]}
 
 
 def replicas_alike(last: dict[str, ReplicaView], snap: Snapshot,
@@ -101,7 +114,7 @@ def replicas_alike(last: dict[str, ReplicaView], snap: Snapshot,
         if (old.state == ReplicaState.READY, old.started) \
                 != (r.state == ReplicaState.READY, r.started):
             moved.add(r.model)
-    return not moved or not moved & readiness_read(snap, present)
+    return not moved or not readiness_read(snap, present, moved)
 
 
 _ACTIVE = frozenset(ACTIVE)

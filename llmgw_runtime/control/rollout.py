@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -118,7 +119,7 @@ class Split:
     going: list[Any] = field(default_factory=list)    # on a draining node, any definition
 
 
-def split(model_hash: str | None, reps: list[Any], going: set[str]) -> Split:
+def split(model_hash: str | None, reps: list[Any], going: AbstractSet[str]) -> Split:
     out = Split()
     for rep in reps:
         (out.going if rep.id in going else out.old if is_old(rep, model_hash)

@@ -59,6 +59,9 @@ class Roll:
     settings: Rollout
 
 
+_NONE_GOING: frozenset[str] = frozenset()
+
+
 class Pass:
     def __init__(self, fleet: Any, models: dict[str, Any], now: float, settings: Any) -> None:
         self.fleet, self.models, self.now, self.settings = fleet, models, now, settings
@@ -68,6 +71,7 @@ class Pass:
                              if (drain.node_drain(fleet.nodes[n]) or {}).get("force")}
         self.stopped: set[str] = set()        # drained or stopped in this pass
         self.undrained: list[Any] = []        # draining replicas that serve again, as such
+        self._wanted: dict[str, list[Any]] | None = None     # wanted_by_model's
 
     @functools.cached_property
     def old_serving(self) -> dict[str, bool]:
@@ -81,6 +85,17 @@ class Pass:
                     and not drain.is_draining(rep) and rollout.is_old(rep, model.definition_hash):
                 old[rep.model] = True
         return old
+
+    def wanted_by_model(self) -> dict[str, list[Any]]:
+        """The wanted replicas as read, by model: walked at the first call of a pass that
+        needs them (a deleted model, a rollout that may be done, a draining node), not in
+        every pass."""
+        if self._wanted is None:
+            self._wanted = {}
+            for rep in self.fleet.replicas:
+                if rep.desired:
+                    self._wanted.setdefault(rep.model, []).append(rep)
+        return self._wanted
 
     # ------------------------------------------------------------ replicas
 
@@ -140,12 +155,14 @@ class Pass:
             self._rollback(model, reps, changes)
             wanted = 0 if deleted(model) else wanted_replicas(model, reps, self.now)
             parts = rollout.split(model.definition_hash, reps,
-                                  {r.id for r in reps if self.going(r)})
+                                  {r.id for r in reps if self.going(r)}
+                                  if self.draining_nodes else _NONE_GOING)
             mode = rollout.NONE if deleted(model) else rollout.mode_of(model, bool(parts.old))
             settings = rollout.settings_of(model)
             target = rollout.target(mode, wanted, settings.max_surge, parts)
             missing = target - len(parts.old) - len(parts.new)
-            for rep in self._undrainable(model, held_by.get(model.name, []))[: max(0, missing)]:
+            mine = held_by.get(model.name)
+            for rep in (self._undrainable(model, mine)[: max(0, missing)] if mine else ()):
                 changes.undrains.append(rep.id)
                 changes.events.append(("drain", model.name, f"replica {rep.id} on {rep.node} "
                                        "is wanted again; it serves again"))
@@ -269,13 +286,10 @@ class Pass:
         """Rollouts with no old replica left are done; a deleted model with no replica
         left goes; a draining node with nothing left on it is drained."""
         gone = self.stopped | set(changes.delete_replicas)
-        wanted: dict[str, list[Any]] = {}       # wanted replicas as read, by model
-        for rep in self.fleet.replicas:
-            if rep.desired:
-                wanted.setdefault(rep.model, []).append(rep)
+        wanted = self.wanted_by_model
         for name, model in self.models.items():
             if deleted(model):
-                if not wanted.get(name):
+                if not wanted().get(name):
                     changes.delete_models.append(name)
                     changes.events.append(("catalog", name, f"model {name} removed: its "
                                             "last replica stopped"))
@@ -284,12 +298,12 @@ class Pass:
             # not walked for an old one
             ended = rollout.done(model, self.now)
             if ended is None or any(rollout.is_old(r, model.definition_hash)
-                                    for r in wanted.get(name, []) if r.id not in gone):
+                                    for r in wanted().get(name, []) if r.id not in gone):
                 continue
             keys, event = ended
             changes.roll(model, **keys)
             changes.events.append((rollout.EVENT, name, event))
-        used = set().union(*(self.nodes_of(r) for reps in wanted.values() for r in reps)) \
+        used = set().union(*(self.nodes_of(r) for reps in wanted().values() for r in reps)) \
             if self.draining_nodes else set()
         for name in sorted(self.draining_nodes - used):
             changes.nodes_drained.append(name)

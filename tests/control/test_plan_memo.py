@@ -143,6 +143,35 @@ def test_a_replica_state_placement_does_not_read_places_nothing_again() -> None:
     assert 50 < copies < 250
 
 
+def test_what_placement_reads_asked_of_some_models_is_the_whole_answer_cut_to_them() -> None:
+    """``readiness_read`` asked only of the models whose readiness moved (as the memo asks
+    it) counts only their replicas, unless one of them has memory_gb; its answer is the
+    whole fleet's cut to them, over a seeded walk of a running fleet with memory models
+    (a model short of replicas on a shared device makes every memory model's readiness
+    read)."""
+    rnd = random.Random(23)
+    s = small_fleet(seed=4, size=12)
+    s = as_running(s, place(s))
+    kinds = set()
+    for step in range(400):
+        reps, models = list(s.replicas), list(s.models)
+        i = rnd.randrange(len(reps))
+        if rnd.random() < 0.7:
+            reps[i] = replace(reps[i], state=rnd.choice(["ready", "starting", "failed"]))
+        else:
+            j = rnd.randrange(len(models))
+            models[j] = replace(models[j], wanted=rnd.randint(0, 6))
+        s = replace(s, replicas=tuple(reps), models=tuple(models))
+        present = planmemo.present_nodes(s)
+        whole = planmemo.readiness_read(s, present)
+        among = {m.spec.name for m in rnd.sample(s.models, rnd.randint(0, 4))}
+        assert planmemo.readiness_read(s, present, among) == whole & among, step
+        kinds.add((bool(whole & among), any(s.models[k].spec.profile.memory_gb is not None
+                                            for k in range(len(s.models))
+                                            if s.models[k].spec.name in among)))
+    assert {(False, False), (True, False), (True, True)} <= kinds
+
+
 def test_a_replica_on_a_silent_node_is_not_counted_when_telling_what_placement_reads() -> None:
     """Model m's one replica is on a node silent past replace_after_s, so placement
     replaces it, on the device where n's replica runs with memory_gb: whether n's replica
