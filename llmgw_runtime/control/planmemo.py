@@ -159,6 +159,12 @@ class PlanMemo:
             self.placed += 1
             last = self.last = (snap, place(snap, self._nodes))
             self._inputs = self._by_id = None
+        elif snap is not last[0]:
+            # ``snap`` places as the last did, so it is the last from now on: the next
+            # pass's replica views are mostly its very objects (against the snapshot placed
+            # minutes ago, every replica was compared each pass once any view moved)
+            last = self.last = (snap, last[1])
+            self._by_id = None
         self._made = made
         plan = last[1]
         # a copy: the pass changes what it was handed (control/steps.py, a rollout's room)
