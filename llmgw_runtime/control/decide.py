@@ -251,7 +251,8 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
     # placed again only when its inputs moved
     plan = planmemo.PLANS.place(snap, snapshot.NODES.made)
     deleted = set(changes.delete_replicas)
-    ports_on = _ports_by_node(fleet, deleted)
+    # the rendezvous ports in use, walked only when a multi-node replica starts
+    ports_on = _ports_by_node(fleet, deleted) if any(s.parts for s in plan.starts) else {}
     taken: set[int] = set()
     launches: dict[str, tuple[str, str]] = {}
     for start in plan.starts:
@@ -282,7 +283,7 @@ def _place(fleet: Fleet, models: dict[str, Any], live: list[Any], now: float,
                                           *((p.node, p.devices) for p in start.parts)])
         changes.events.append(("place", start.model, f"replica {replica_id} placed on {where}"
                                + (f" ({start.why})" if start.why else "")))
-    by_id = {r.id: r for r in live}
+    by_id = {r.id: r for r in live} if plan.stops else {}
     for replica_id in plan.stops:
         why = plan.stop_reasons.get(replica_id, "no longer wanted; stopping")
         rep = by_id[replica_id]
