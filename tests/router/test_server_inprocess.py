@@ -241,6 +241,55 @@ def _ok(environ: dict[str, Any], start_response: Any) -> Any:
     return [b"ok"]
 
 
+class _CountingReads:
+    """An OS socket whose reads are counted, and those that found nothing."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.reads, self.empty = raw, 0, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+    def recv(self, *args: Any) -> bytes:
+        self.reads += 1
+        try:
+            return self.raw.recv(*args)  # type: ignore[no-any-return]
+        except BlockingIOError:
+            self.empty += 1
+            raise
+
+
+def test_a_kept_alive_connection_waits_for_its_next_request_before_reading(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent's connection idles seconds between reports: after an answer, the server
+    waits until the socket is readable and then reads it, instead of a read that finds
+    nothing first (a system call and an exception per request, docs/performance.md);
+    pipelined requests and requests seconds apart are served alike."""
+    import time
+
+    counted: list[_CountingReads] = []
+
+    def counting(sock: Any) -> Any:
+        raw = sock._sock if type(sock).__name__ == "socket" and hasattr(sock, "_sock") \
+            else None
+        if raw is None:
+            return None
+        counted.append(_CountingReads(raw))
+        return counted[-1]
+
+    monkeypatch.setattr(server, "os_socket", counting)
+    with serving(_ok) as address, socket.create_connection(address, timeout=5) as sock:
+        reader = Reader(sock)
+        for pause in (0.0, 0.3, 0.1, 0.3):
+            time.sleep(pause)
+            sock.sendall(_get())
+            assert reader.answer()[2] == b"ok"
+        sock.sendall(_get() + _get())          # two at once: both answered
+        assert reader.answer()[2] == b"ok" and reader.answer()[2] == b"ok"
+    [reads] = counted
+    assert reads.reads >= 4 and reads.empty == 0, (reads.reads, reads.empty)
+
+
 def test_an_idle_keep_alive_connection_is_closed_at_its_deadline_not_before() -> None:
     """Waits for a head are untimed reads ended by the worker's sweeper (server.Waiting):
     the keep-alive time still holds, within a sweep, both after a served request and for
