@@ -149,6 +149,7 @@ class Bench:
             time.sleep(period * 2)                    # the first changes have been reported
         marks = [c.log_size() for c in self.controls]
         before, db0, start = self.cpu.sample(), self.db.sample(), time.perf_counter()
+        wall = time.time()      # when each second of the timeline was (a minute's start)
         if churn:
             applier.start()
         print(f"{scenario}: measuring {window_s:.0f} s from now", flush=True)
@@ -177,8 +178,10 @@ class Bench:
         row["held"] = w["rate"] >= 0.95 * row["target_rate"] and not w["late"]
         self.rows.append(row)
         print(line(row, self.controls), flush=True)
-        print(f"{'':>5} each second's p99 ms (answered): "
-              + " ".join(f"{p99:.0f}" for _, p99, _ in w["timeline"]), flush=True)
+        print(f"{'':>5} each second's p99 ms (answered; * a second in which a minute began: "
+              "the reconciler's history sample): "
+              + " ".join(f"{p99:.0f}{'*' if minute_began(wall + i) else ''}"
+                         for i, (_, p99, _) in enumerate(w["timeline"])), flush=True)
         return row
 
     def settle(self, most_s: float) -> None:
@@ -353,6 +356,11 @@ def bench(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(
             [{**r, "machine_speed_ms": speed} for r in b.rows], indent=1))
     return 1 if args.strict and any("MISSED" in x for x in results) else 0
+
+
+def minute_began(at: float) -> bool:
+    """Whether a minute of the clock begins within the second from ``at`` (time.time)."""
+    return math.ceil(at / 60) * 60 < at + 1.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
