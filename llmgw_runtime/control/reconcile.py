@@ -28,7 +28,7 @@ from .. import gckeeper
 from ..api.states import ReplicaState
 from ..errors import StoreError
 from ..store import Store, changes, repo
-from . import fleet, history
+from . import fleet, history, sampler
 from .config import ControlConfig
 from .decide import Changes, Fleet, Settings
 from .gpu_hours import DeviceClock
@@ -138,6 +138,8 @@ class Reconciler:
         self._warned: dict[str, tuple[str, float]] = {}
         # the fleet's history: a point per minute (control/history.py)
         self.history = history.Recorder(config.history_days, self.settings.node_timeout_s)
+        # in the server's reconciler process: the sample's own process (control/sampler.py)
+        self.sampler: sampler.Handle | None = None
         self.device_clock = DeviceClock(config)     # GPU-hours (control/gpu_hours.py)
         self.passes = passes(config)    # a span per pass, with LLMGW_OTEL_ENDPOINT
         # the fleet in memory (control/incremental.py); a node's report time read again
@@ -190,11 +192,17 @@ class Reconciler:
         return True
 
     def _record(self, now: float) -> None:
-        """The minute's history sample (``history.Recorder``), at the web workers' CPU
-        priority (``web_nice`` steps below this thread's): one to three seconds of work
-        once a minute at 10,000 nodes, which at the reconciler's priority took a core
-        from the workers' reports. On a thread of its own that lowers only itself (each
-        Linux thread has its own nice value); the reconciler waits for it."""
+        """The minute's history sample (``history.Recorder``). In the server, the
+        reconciler process hands it to a process of its own at nice 19
+        (control/sampler.py: started here, again if it stopped), and never waits for it.
+        Otherwise at the web workers' CPU priority (``web_nice`` steps below this
+        thread's), on a thread of its own that lowers only itself (each Linux thread has
+        its own nice value), which the reconciler waits for: 0.6 s of work once a minute
+        at 10,000 nodes, which at the reconciler's priority took a core from the workers'
+        reports."""
+        if self.sampler is not None:
+            self.sampler.ensure()
+            return
         if not self.history.due(now):
             return
         steps = self.config.web_nice
@@ -308,9 +316,14 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     log.info("reconciler %s started (pid %d)", reconciler.holder, os.getpid())
     reconciler.keeper = gckeeper.Keeper()   # the fleet it keeps in memory leaves the walk
+    if config.web_nice > 0:         # the history's minute below everything else
+        reconciler.sampler = sampler.Handle(config, reconciler.holder,
+                                            {**os.environ, **config_env(config)})
     try:
         reconciler.run_forever()
     finally:
+        if reconciler.sampler is not None:
+            reconciler.sampler.stop()
         reconciler.store.dispose()
     return 0
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.postgres import PostgresServer
-from tests.support.procs import LlmgwProcess, free_port, http_ok, wait_until
+from tests.support.procs import LlmgwProcess, children, free_port, http_ok, nice, wait_until
 
 CLASS = "test-gpu"
 TOKENS = {k: f"llmgw-{k}-" + secrets.token_urlsafe(16) for k in ("admin", "join", "router")}
@@ -220,24 +220,3 @@ def test_two_control_hosts_share_the_agents_and_one_reconciler(
             agent.thread.join(5)
         for host in hosts:
             host.proc.stop()
-
-
-def children(pid: int) -> list[tuple[int, list[str]]]:
-    """The processes whose parent is ``pid``, with their command lines."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append((int(entry.name), argv))
-    return found
-
-
-def nice(pid: int) -> int:
-    """A process's nice value (/proc/PID/stat's 19th field)."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])

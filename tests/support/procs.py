@@ -161,3 +161,24 @@ def descendants(pid: int) -> set[int]:
         frontier = {p for p, pp in parents.items() if pp in frontier and p not in found}
         found |= frontier
     return found
+
+
+def children(pid: int) -> list[tuple[int, list[str]]]:
+    """The processes whose parent is ``pid``, with their command lines."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append((int(entry.name), argv))
+    return found
+
+
+def nice(pid: int) -> int:
+    """A process's nice value (/proc/PID/stat's 19th field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
