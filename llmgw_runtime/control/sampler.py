@@ -12,7 +12,7 @@ or SIGTERM).
 
 ``python -m llmgw_runtime.control.sampler``, started by the reconciler process
 (:class:`Handle`) with the control service's settings and the reconciler's lease holder
-(``LLMGW_HISTORY_HOLDER``) in its environment.
+(``LLMGW_HISTORY_HOLDER``) and process id (``LLMGW_HISTORY_PARENT``) in its environment.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .config import ControlConfig
 log = logging.getLogger(__name__)
 
 HOLDER_ENV = "LLMGW_HISTORY_HOLDER"
+PARENT_ENV = "LLMGW_HISTORY_PARENT"        # the reconciler's pid: gone, the sampler ends
 NICE = 19
 RESTART_AFTER_S = 10.0      # a sampler that stopped is started again at most this often
 
@@ -81,7 +82,8 @@ class Handle:
         self._started_at = now
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llmgw_runtime.control.sampler"],
-            env={**self.env, HOLDER_ENV: self.holder}, stdin=subprocess.DEVNULL)
+            env={**self.env, HOLDER_ENV: self.holder, PARENT_ENV: str(os.getpid())},
+            stdin=subprocess.DEVNULL)
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -109,7 +111,8 @@ def main() -> int:
         log.error("%s is not set: the sampler samples for a reconciler; it is started "
                   "by one", HOLDER_ENV)
         return 2
-    parent = os.getppid()
+    # the reconciler that started it (named, so that one gone before this line is seen)
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
     try:
         os.setpriority(os.PRIO_PROCESS, 0, NICE)
     except OSError:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -120,3 +122,14 @@ def test_a_sampler_that_stopped_is_started_again_but_not_in_a_loop(tmp_path: Pat
     handle.stop()
     assert handle.proc is None
     assert first.returncode is not None
+
+
+def test_a_sampler_whose_reconciler_is_already_gone_ends_at_once(tmp_path: Path) -> None:
+    """Started for a reconciler that died before the sampler looked (its parent is then
+    another process), it ends instead of looking at the lease for ever."""
+    config = ControlConfig(state_dir=tmp_path)
+    env = {**os.environ, **config_env(config), sampler.HOLDER_ENV: "gone-host",
+           sampler.PARENT_ENV: "1"}
+    done = subprocess.run([sys.executable, "-m", "llmgw_runtime.control.sampler"], env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr[-2000:]
