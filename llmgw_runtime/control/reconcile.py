@@ -317,7 +317,7 @@ def main() -> int:
     log.info("reconciler %s started (pid %d)", reconciler.holder, os.getpid())
     reconciler.keeper = gckeeper.Keeper()   # the fleet it keeps in memory leaves the walk
     if config.web_nice > 0:         # the history's minute below everything else
-        reconciler.sampler = sampler.Handle(config, reconciler.holder,
+        reconciler.sampler = sampler.Handle(reconciler.holder,
                                             {**os.environ, **config_env(config)})
     try:
         reconciler.run_forever()

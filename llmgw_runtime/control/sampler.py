@@ -65,8 +65,8 @@ class Handle:
     leads; again if it stopped, at most every ``RESTART_AFTER_S``), ended with
     :meth:`stop`."""
 
-    def __init__(self, config: ControlConfig, holder: str, env: dict[str, str]) -> None:
-        self.config, self.holder, self.env = config, holder, env
+    def __init__(self, holder: str, env: dict[str, str]) -> None:
+        self.holder, self.env = holder, env
         self.proc: subprocess.Popen[bytes] | None = None
         self._started_at: float | None = None
 

@@ -71,7 +71,6 @@ class Pass:
                              if (drain.node_drain(fleet.nodes[n]) or {}).get("force")}
         self.stopped: set[str] = set()        # drained or stopped in this pass
         self.undrained: list[Any] = []        # draining replicas that serve again, as such
-        self._wanted: dict[str, list[Any]] | None = None     # wanted_by_model's
 
     @functools.cached_property
     def old_serving(self) -> dict[str, bool]:
@@ -86,16 +85,15 @@ class Pass:
                 old[rep.model] = True
         return old
 
+    @functools.cached_property
     def wanted_by_model(self) -> dict[str, list[Any]]:
-        """The wanted replicas as read, by model: walked at the first call of a pass that
-        needs them (a deleted model, a rollout that may be done, a draining node), not in
-        every pass."""
-        if self._wanted is None:
-            self._wanted = {}
-            for rep in self.fleet.replicas:
-                if rep.desired:
-                    self._wanted.setdefault(rep.model, []).append(rep)
-        return self._wanted
+        """The wanted replicas as read, by model: made at its first use (a deleted model,
+        a rollout that may be done, a draining node), not every pass."""
+        wanted: dict[str, list[Any]] = {}
+        for rep in self.fleet.replicas:
+            if rep.desired:
+                wanted.setdefault(rep.model, []).append(rep)
+        return wanted
 
     # ------------------------------------------------------------ replicas
 
@@ -286,10 +284,9 @@ class Pass:
         """Rollouts with no old replica left are done; a deleted model with no replica
         left goes; a draining node with nothing left on it is drained."""
         gone = self.stopped | set(changes.delete_replicas)
-        wanted = self.wanted_by_model
         for name, model in self.models.items():
             if deleted(model):
-                if not wanted().get(name):
+                if not self.wanted_by_model.get(name):
                     changes.delete_models.append(name)
                     changes.events.append(("catalog", name, f"model {name} removed: its "
                                             "last replica stopped"))
@@ -297,14 +294,15 @@ class Pass:
             # asked first: nothing rolls for most models, and then their replicas are
             # not walked for an old one
             ended = rollout.done(model, self.now)
-            if ended is None or any(rollout.is_old(r, model.definition_hash)
-                                    for r in wanted().get(name, []) if r.id not in gone):
+            if ended is None or any(
+                    rollout.is_old(r, model.definition_hash)
+                    for r in self.wanted_by_model.get(name, []) if r.id not in gone):
                 continue
             keys, event = ended
             changes.roll(model, **keys)
             changes.events.append((rollout.EVENT, name, event))
-        used = set().union(*(self.nodes_of(r) for reps in wanted().values() for r in reps)) \
-            if self.draining_nodes else set()
+        used = set().union(*(self.nodes_of(r) for reps in self.wanted_by_model.values()
+                             for r in reps)) if self.draining_nodes else set()
         for name in sorted(self.draining_nodes - used):
             changes.nodes_drained.append(name)
             changes.events.append(("node", name, f"node {name} drained: no replica is left "

@@ -107,7 +107,7 @@ def test_a_sampler_that_stopped_is_started_again_but_not_in_a_loop(tmp_path: Pat
     """The reconciler asks after each pass it leads; a sampler that died is started again
     once ``RESTART_AFTER_S`` passed since the last start, not at every pass."""
     config = ControlConfig(state_dir=tmp_path)
-    handle = sampler.Handle(config, "this-host", {**os.environ, **config_env(config)})
+    handle = sampler.Handle("this-host", {**os.environ, **config_env(config)})
     handle.ensure()
     first = handle.proc
     assert first is not None
