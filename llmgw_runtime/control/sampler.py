@@ -112,7 +112,12 @@ def main() -> int:
                   "by one", HOLDER_ENV)
         return 2
     # the reconciler that started it (named, so that one gone before this line is seen)
-    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+    named = os.environ.get(PARENT_ENV) or str(os.getppid())
+    if not (named.isascii() and named.isdigit() and 0 < len(named) <= 10):
+        log.error("%s=%r is not a process id: the sampler samples for the reconciler "
+                  "that starts it, which names itself", PARENT_ENV, named[:40])
+        return 2
+    parent = int(named)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, NICE)
     except OSError:

@@ -133,3 +133,17 @@ def test_a_sampler_whose_reconciler_is_already_gone_ends_at_once(tmp_path: Path)
     done = subprocess.run([sys.executable, "-m", "llmgw_runtime.control.sampler"], env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_sampler_named_a_parent_that_is_no_process_id_refuses_to_start(
+        tmp_path: Path) -> None:
+    """Its environment is the reconciler's; a parent that is not a process id (text, a
+    sign, a number too long to be one) stops it at once, saying which variable."""
+    config = ControlConfig(state_dir=tmp_path)
+    for bad in ("reconciler", "-5", "1" * 40, "\x1b[2J", "1e3"):
+        env = {**os.environ, **config_env(config), sampler.HOLDER_ENV: "this-host",
+               sampler.PARENT_ENV: bad}
+        done = subprocess.run([sys.executable, "-m", "llmgw_runtime.control.sampler"],
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=30)
+        assert done.returncode == 2 and b"LLMGW_HISTORY_PARENT" in done.stderr, bad
